@@ -1,0 +1,5 @@
+"""Attention backends and their metadata contract."""
+
+from ._base import AttentionBackend
+
+__all__ = ["AttentionBackend"]

@@ -1,0 +1,42 @@
+"""One device layer, two implementations: ``sim`` (CPU worker threads) and ``cuda``.
+
+Runner and engine code is written against :class:`Device`, :class:`Stream`, :class:`Event` and
+:class:`Graph` only and runs unchanged on both. Importing this package does no device work and
+does not import torch; :func:`get_device` does.
+"""
+
+from __future__ import annotations
+
+from ._base import DEVICE_NAMES, Device, DeviceError, Event, Graph, SpanSink, Stream
+
+__all__ = [
+    "DEVICE_NAMES",
+    "Device",
+    "DeviceError",
+    "Event",
+    "Graph",
+    "SpanSink",
+    "Stream",
+    "get_device",
+]
+
+
+def get_device(name: str | None = None) -> Device:
+    """A new device: ``"sim"``, ``"cuda"``, or ``None`` for cuda when a GPU is usable, else sim.
+
+    Raises :class:`ValueError` for an unknown name and :class:`DeviceError` for ``"cuda"`` on a
+    machine without a usable GPU.
+    """
+    if name is None:
+        import torch
+
+        name = "cuda" if torch.cuda.is_available() else "sim"
+    if name == "sim":
+        from ._sim import SimDevice
+
+        return SimDevice()
+    if name == "cuda":
+        from ._cuda import CudaDevice
+
+        return CudaDevice()
+    raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICE_NAMES)}")

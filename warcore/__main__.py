@@ -1,0 +1,5 @@
+import sys
+
+from warcore.tools.cli import main
+
+sys.exit(main())

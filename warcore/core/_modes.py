@@ -1,0 +1,71 @@
+"""Forward modes: what kind of forward pass a runner is executing."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ForwardMode"]
+
+
+class ForwardMode(enum.Enum):
+    """The kind of forward pass, as sglang names them.
+
+    ``TARGET_VERIFY`` is the target model checking a block of draft tokens; ``DRAFT_EXTEND_V2``
+    is the draft model catching up on the tokens the target accepted (EAGLE runs it after verify).
+    """
+
+    EXTEND = "extend"
+    DECODE = "decode"
+    MIXED = "mixed"
+    IDLE = "idle"
+    TARGET_VERIFY = "target_verify"
+    DRAFT_EXTEND = "draft_extend"
+    DRAFT_EXTEND_V2 = "draft_extend_v2"
+
+    def is_extend(self) -> bool:
+        """Forwards that append several tokens per request (prefill-shaped)."""
+        return self in _EXTEND_LIKE
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+    def is_mixed(self) -> bool:
+        return self is ForwardMode.MIXED
+
+    def is_idle(self) -> bool:
+        return self is ForwardMode.IDLE
+
+    def is_target_verify(self) -> bool:
+        return self is ForwardMode.TARGET_VERIFY
+
+    def is_draft_extend(self) -> bool:
+        return self in (ForwardMode.DRAFT_EXTEND, ForwardMode.DRAFT_EXTEND_V2)
+
+    def is_draft_extend_v2(self) -> bool:
+        return self is ForwardMode.DRAFT_EXTEND_V2
+
+    def is_decode_or_idle(self) -> bool:
+        return self in (ForwardMode.DECODE, ForwardMode.IDLE)
+
+    @classmethod
+    def parse(cls, value: str | ForwardMode) -> ForwardMode:
+        """Accept a member, its name (``"TARGET_VERIFY"``) or its value (``"target_verify"``)."""
+        if isinstance(value, ForwardMode):
+            return value
+        key = str(value).strip()
+        for mode in cls:
+            if key in (mode.name, mode.value):
+                return mode
+        valid = ", ".join(m.name for m in cls)
+        raise ValueError(f"unknown forward mode {value!r}; valid: {valid}")
+
+
+_EXTEND_LIKE = frozenset(
+    {
+        ForwardMode.EXTEND,
+        ForwardMode.MIXED,
+        ForwardMode.TARGET_VERIFY,
+        ForwardMode.DRAFT_EXTEND,
+        ForwardMode.DRAFT_EXTEND_V2,
+    }
+)

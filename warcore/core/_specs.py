@@ -1,0 +1,103 @@
+"""Small typed objects that plugins return and hooks receive."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from warcore.attention import AttentionBackend
+
+__all__ = [
+    "AlgorithmSpec",
+    "BackendSpec",
+    "BoundaryContext",
+    "FlagValue",
+    "KNOWN_FAMILIES",
+    "NCCL_ALLGATHER_IN_OVERLAP",
+    "validate_name",
+]
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+KNOWN_FAMILIES = ("none", "eagle", "dflash")
+"""Families the reference engine knows how to run (which forwards a step consists of)."""
+
+NCCL_ALLGATHER_IN_OVERLAP = "nccl_allgather_in_overlap"
+"""Context flag: an NCCL all-gather syncs the batch inside the overlap loop (trtllm_mha)."""
+
+FlagValue = bool | int | str
+
+
+def validate_name(kind: str, name: object) -> str:
+    """Return ``name`` if it is a valid backend/algorithm name, else raise naming the value."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"invalid {kind} name {name!r}: use lowercase letters, digits and '_', "
+            "starting with a letter (at most 64 characters)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """An attention backend offered by a plugin.
+
+    ``factory(**kwargs)`` builds the backend; it is only called when an engine uses the backend,
+    so a plugin's entry-point module can stay light and import the backend class lazily.
+    """
+
+    name: str
+    factory: Callable[..., AttentionBackend]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        validate_name("backend", self.name)
+        if not callable(self.factory):
+            raise TypeError(f"BackendSpec {self.name!r}: factory must be callable")
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """A speculative-decoding algorithm offered by a plugin; ``family`` says how it runs."""
+
+    name: str
+    family: str
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        validate_name("algorithm", self.name)
+        validate_name("algorithm family", self.family)
+
+
+@dataclass(frozen=True)
+class BoundaryContext:
+    """What a boundary declaration may depend on besides the backend and the mode.
+
+    ``flags`` holds the engine's configuration switches (for example
+    :data:`NCCL_ALLGATHER_IN_OVERLAP`); it is stored sorted so contexts are hashable and can key
+    the resolved-decision cache.
+    """
+
+    algorithm: str = "none"
+    flags: tuple[tuple[str, FlagValue], ...] = field(default=())
+
+    def __init__(
+        self,
+        algorithm: str = "none",
+        flags: Mapping[str, FlagValue] | tuple[tuple[str, FlagValue], ...] = (),
+    ) -> None:
+        items = dict(flags).items()
+        for key, value in items:
+            if not isinstance(key, str) or not isinstance(value, bool | int | str):
+                raise TypeError(f"BoundaryContext flag {key!r}={value!r}: need str -> bool/int/str")
+        object.__setattr__(self, "algorithm", validate_name("algorithm", algorithm))
+        object.__setattr__(self, "flags", tuple(sorted(items)))
+
+    def flag(self, name: str, default: Any = False) -> Any:
+        for key, value in self.flags:
+            if key == name:
+                return value
+        return default

@@ -1,0 +1,106 @@
+"""The resolved-decision cache: resolve once, then every replay is a dict lookup."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._boundary import Execution, RecordPoint
+from ._decisions import decode_record_point, draft_extend_record_point, prefill_record_point
+from ._manager import WarcorePluginManager, get_plugin_manager
+from ._modes import ForwardMode
+from ._resolve import (
+    BoundaryResolution,
+    PublishResolution,
+    resolve_shared_read_boundary,
+    resolve_war_publish_phase,
+)
+from ._specs import BoundaryContext
+
+if TYPE_CHECKING:
+    from warcore.attention import AttentionBackend
+
+__all__ = ["Decision", "DecisionCache", "DecisionKey", "RunnerKind", "decide", "get_decision_cache"]
+
+
+class RunnerKind(enum.Enum):
+    DECODE = "decode"
+    """Decode CUDA-graph runner: ``DECODE`` and ``TARGET_VERIFY``."""
+    DRAFT_EXTEND = "draft_extend"
+    """EAGLE draft-extend runner: ``DRAFT_EXTEND_V2``."""
+    PREFILL = "prefill"
+    """Prefill runner: ``EXTEND``."""
+
+
+DecisionKey = tuple[RunnerKind, "str | AttentionBackend", ForwardMode, BoundaryContext, Execution]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A runner's record point for one (backend, mode, context, execution), with its reasons."""
+
+    record_point: RecordPoint
+    declared: BoundaryResolution
+    publish: PublishResolution
+
+    @property
+    def source(self) -> str:
+        """Why: the publish phase's provenance when it vetoed, else the declaration's."""
+        if self.publish.source == "forced-coarse" or self.declared.source == "forced-coarse":
+            return "forced-coarse"
+        if not self.publish.publishes and self.record_point is RecordPoint.NONE:
+            return f"phase:{self.publish.source}"
+        return self.declared.source
+
+
+def decide(
+    pm: WarcorePluginManager,
+    kind: RunnerKind,
+    backend: str | AttentionBackend,
+    forward_mode: ForwardMode,
+    context: BoundaryContext,
+    execution: Execution,
+) -> Decision:
+    declared = resolve_shared_read_boundary(backend, forward_mode, context, pm=pm)
+    publish = resolve_war_publish_phase(context.algorithm, forward_mode, pm=pm)
+    if kind is RunnerKind.DECODE:
+        point = decode_record_point(forward_mode, declared.boundary, publish.publishes, execution)
+    elif kind is RunnerKind.DRAFT_EXTEND:
+        point = draft_extend_record_point(
+            forward_mode, declared.boundary, publish.publishes, execution
+        )
+    else:
+        point = prefill_record_point(forward_mode, declared.boundary, publish.publishes)
+    return Decision(point, declared, publish)
+
+
+class DecisionCache(dict[DecisionKey, Decision]):
+    """``cache[key]`` resolves on the first miss and is a plain dict hit afterwards.
+
+    Runners build their keys once (at construction or capture) and index with them per replay.
+    The cache empties itself when a plugin is registered or unregistered.
+    """
+
+    def __init__(self, pm: WarcorePluginManager) -> None:
+        super().__init__()
+        self.pm = pm
+        pm.add_change_listener(self.clear)
+
+    def __missing__(self, key: DecisionKey) -> Decision:
+        decision = decide(self.pm, *key)
+        self[key] = decision
+        return decision
+
+    def record_point(self, key: DecisionKey) -> RecordPoint:
+        return self[key].record_point
+
+
+def get_decision_cache(pm: WarcorePluginManager | None = None) -> DecisionCache:
+    """The decision cache belonging to ``pm`` (the process-wide manager by default)."""
+    pm = pm if pm is not None else get_plugin_manager()
+    cache = pm.cached_decisions
+    if not isinstance(cache, DecisionCache):
+        cache = DecisionCache(pm)
+        pm.cached_decisions = cache
+    return cache
