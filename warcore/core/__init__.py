@@ -39,7 +39,15 @@ from ._specs import (
     BackendSpec,
     BoundaryContext,
 )
-from ._table import Decision, DecisionCache, DecisionKey, RunnerKind, decide, get_decision_cache
+from ._table import (
+    Decision,
+    DecisionCache,
+    DecisionKey,
+    RunnerKind,
+    decide,
+    get_decision_cache,
+    runner_kind_for,
+)
 
 __all__ = [
     "BUILTIN_PLUGIN_NAME",
@@ -87,4 +95,5 @@ __all__ = [
     "reset_plugin_manager",
     "resolve_shared_read_boundary",
     "resolve_war_publish_phase",
+    "runner_kind_for",
 ]

@@ -21,7 +21,15 @@ from ._specs import BoundaryContext
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
 
-__all__ = ["Decision", "DecisionCache", "DecisionKey", "RunnerKind", "decide", "get_decision_cache"]
+__all__ = [
+    "Decision",
+    "DecisionCache",
+    "DecisionKey",
+    "RunnerKind",
+    "decide",
+    "get_decision_cache",
+    "runner_kind_for",
+]
 
 
 class RunnerKind(enum.Enum):
@@ -31,6 +39,16 @@ class RunnerKind(enum.Enum):
     """EAGLE draft-extend runner: ``DRAFT_EXTEND_V2``."""
     PREFILL = "prefill"
     """Prefill runner: ``EXTEND``."""
+
+
+def runner_kind_for(forward_mode: ForwardMode) -> RunnerKind:
+    """The runner that executes ``forward_mode`` (modes no runner publishes for go to DECODE,
+    whose decision is then ``RecordPoint.NONE``)."""
+    if forward_mode is ForwardMode.EXTEND:
+        return RunnerKind.PREFILL
+    if forward_mode is ForwardMode.DRAFT_EXTEND_V2:
+        return RunnerKind.DRAFT_EXTEND
+    return RunnerKind.DECODE
 
 
 DecisionKey = tuple[RunnerKind, "str | AttentionBackend", ForwardMode, BoundaryContext, Execution]

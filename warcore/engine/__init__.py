@@ -1,0 +1,22 @@
+"""The reference overlap engine: tiny model, KV pool, scheduler, overlap loop."""
+
+from warcore.engine.engine import FENCES, LOOPS, Engine, EngineConfig, RunReport
+from warcore.engine.kv_pool import KVPool
+from warcore.engine.model import ModelConfig, TinyLlama
+from warcore.engine.requests import Request, synthetic_trace
+from warcore.engine.scheduler import Scheduler, SchedulerConfig
+
+__all__ = [
+    "FENCES",
+    "LOOPS",
+    "Engine",
+    "EngineConfig",
+    "KVPool",
+    "ModelConfig",
+    "Request",
+    "RunReport",
+    "Scheduler",
+    "SchedulerConfig",
+    "TinyLlama",
+    "synthetic_trace",
+]

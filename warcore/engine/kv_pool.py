@@ -1,0 +1,44 @@
+"""The KV pool and the two scheduler-shared buffers the forward reads.
+
+Token-granular paging: ``req_to_token[row, pos]`` is the KV slot of position ``pos`` of the
+request in ``row``; sliding-window layers keep their K/V in a separate pool addressed through
+``full_to_swa_index_mapping[slot]``. Row 0 and slot 0 are never handed out: padding tokens of a
+graph bucket read row 0 and write slot 0, so they can never touch a live request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from warcore.engine.model import ModelConfig
+
+__all__ = ["DUMMY_ROW", "DUMMY_SLOT", "KVPool"]
+
+DUMMY_ROW = 0
+DUMMY_SLOT = 0
+
+
+class KVPool:
+    def __init__(
+        self, cfg: ModelConfig, device: torch.device, *, max_reqs: int, num_slots: int
+    ) -> None:
+        self.cfg = cfg
+        self.max_reqs = max_reqs
+        self.num_slots = num_slots
+        self.max_context = cfg.max_context
+        self.swa_layers = frozenset(cfg.swa_layers)
+        long = dict(dtype=torch.int64, device=device)
+        self.req_to_token = torch.zeros(max_reqs, cfg.max_context, **long)  # type: ignore[arg-type]
+        self.full_to_swa_index_mapping = torch.zeros(num_slots, **long)  # type: ignore[arg-type]
+        kv_shape = (cfg.layers, num_slots, cfg.kv_heads, cfg.head_dim)
+        self.k = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)
+        self.v = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)
+        self.swa_k = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)
+        self.swa_v = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)
+
+    def shared_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers the scheduler writes while a forward may still read them."""
+        return {
+            "req_to_token": self.req_to_token,
+            "full_to_swa_index_mapping": self.full_to_swa_index_mapping,
+        }
