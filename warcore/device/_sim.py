@@ -8,10 +8,12 @@ when the host calls it, a wait binds to the latest generation recorded when the 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
@@ -259,11 +261,23 @@ class SimGraph(Graph):
         stream._submit([n if isinstance(n, _Work) else _Record(n) for n in nodes])
 
 
+_LIVE: weakref.WeakSet[SimDevice] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_devices() -> None:
+    # A worker still inside a torch kernel while the interpreter tears down aborts the process
+    # ("terminate called without an active exception"); drain and stop them first.
+    for device in list(_LIVE):
+        device.close()
+
+
 class SimDevice(Device):
     name = "sim"
 
     def __init__(self) -> None:
         super().__init__()
+        _LIVE.add(self)
         # Each stream is one worker thread; the development machine has 2 cores, and torch's
         # intra-op pool is shared by all threads, so with its default several threads per op
         # two streams would fight over the same cores and overlap would vanish. One intra-op
