@@ -81,6 +81,7 @@ class RunReport:
     barriers: Counter[str]
     outputs: dict[int, list[int]]
     errors: dict[int, str]
+    rows_reused: int = 0
     matches_serial: bool | None = None
 
     @property
@@ -107,7 +108,10 @@ class Engine:
         self.model = TinyLlama(cfg.model, tdev)
         self.pool = KVPool(cfg.model, tdev, max_reqs=sc.max_running + 1, num_slots=cfg.num_slots)
         capacity = max(sc.max_prefill_tokens, sc.max_prefill_requests * cfg.max_prompt, sc.max_running)
-        backend = spec.factory(pool=self.pool, max_bs=sc.max_running, capacity=capacity)
+        self.context = BoundaryContext(cfg.algorithm, dict(cfg.flags))
+        backend = spec.factory(
+            pool=self.pool, max_bs=sc.max_running, capacity=capacity, context=self.context
+        )
         if not isinstance(backend, AttentionBackend) or backend.name != cfg.backend:
             raise TypeError(
                 f"backend factory for {cfg.backend!r} returned {backend!r}; expected an "
@@ -116,7 +120,6 @@ class Engine:
         self.backend = backend
         self.forward_stream = self.device.new_stream("forward")
         self.schedule_stream = self.device.new_stream("schedule")
-        self.context = BoundaryContext(cfg.algorithm, dict(cfg.flags))
         self.runner = ModelRunner(
             device=self.device,
             forward_stream=self.forward_stream,
@@ -231,6 +234,7 @@ class Engine:
             barriers=Counter(self.barriers),
             outputs={r.rid: list(r.output) for r in reqs},
             errors={r.rid: r.error for r in reqs if r.error is not None},
+            rows_reused=sched.rows_reused,
         )
 
 

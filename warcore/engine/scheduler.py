@@ -63,6 +63,9 @@ class Scheduler:
         self.free_slots = list(range(pool.num_slots - 1, 0, -1))
         self.free_swa = list(range(1, pool.num_slots))
         self.reserved = 0
+        self.rows_reused = 0
+        """Admissions into a row that an earlier request had used (the WAR-race setting)."""
+        self._used_rows: set[int] = set()
         self._mapping_clears: list[int] = []
 
     # -- queries --------------------------------------------------------------------------
@@ -101,6 +104,8 @@ class Scheduler:
             self.waiting.popleft()
             tokens += len(req.prompt)
             req.row = self.free_rows.pop()
+            self.rows_reused += req.row in self._used_rows
+            self._used_rows.add(req.row)
             n = len(req.prompt)
             req.slots = [self.free_slots.pop() for _ in range(n)]
             req.swa_slots = [self.free_swa.pop() for _ in range(n)]
