@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from warcore.attention._base import AttentionBackend
+from warcore.core import BoundaryContext
 
 if TYPE_CHECKING:
     from warcore.engine.kv_pool import KVPool
@@ -50,10 +51,17 @@ class PagedMetadata:
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
 
-    def __init__(self, pool: KVPool, max_bs: int, capacity: int) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        max_bs: int,
+        capacity: int,
+        context: BoundaryContext | None = None,
+    ) -> None:
         super().__init__(pool)
         self.meta = PagedMetadata(pool, max_bs, capacity)
         self.window = pool.cfg.sliding_window
+        self.context = context if context is not None else BoundaryContext()
 
     # -- metadata -------------------------------------------------------------------------
     def init_forward_metadata_out_graph(self, batch: ForwardBatch, in_capture: bool = False) -> None:

@@ -1,7 +1,9 @@
 """The core's own plugin: the ``torch_native`` and ``flashinfer`` backends, ``none`` and ``eagle``.
 
-``torch_native`` declares nothing: it follows the metadata contract, so the core default
-(``IN_REPLAY`` for decode and verify) is its declaration.
+``torch_native`` follows the metadata contract, so the core default (``IN_REPLAY`` for decode
+and verify) is its declaration there. Its EAGLE draft-extend follows the contract too (the
+in-graph init gathers the page table; the layers read only that copy), which the contract
+default does not cover, so this plugin declares it: ``DRAFT_EXTEND_V2`` → ``IN_REPLAY``.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
+from ._boundary import SharedReadBoundary
 from ._hookspecs import hookimpl
 from ._modes import ForwardMode
-from ._specs import AlgorithmSpec, BackendSpec
+from ._specs import AlgorithmSpec, BackendSpec, BoundaryContext
 
 _PUBLISH_PHASES = {
     "none": frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}),
@@ -32,6 +35,12 @@ def _flashinfer(**kwargs: Any) -> Any:
     return FlashInferBackend(**kwargs)
 
 
+def _eagle_drafter(target: Any, num_draft: int, device: Any) -> Any:
+    from warcore.engine.model import DraftLlama
+
+    return DraftLlama(target.cfg, device)
+
+
 @hookimpl
 def warcore_attention_backends() -> Iterable[BackendSpec]:
     specs = [BackendSpec("torch_native", _torch_native, "portable torch attention, CPU and CUDA")]
@@ -45,7 +54,12 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
 def warcore_speculative_algorithms() -> Iterable[AlgorithmSpec]:
     return [
         AlgorithmSpec("none", "none", "no speculative decoding"),
-        AlgorithmSpec("eagle", "eagle", "autoregressive drafter; draft-extend after verify"),
+        AlgorithmSpec(
+            "eagle",
+            "eagle",
+            "autoregressive drafter; draft-extend after verify",
+            drafter=_eagle_drafter,
+        ),
     ]
 
 
@@ -53,3 +67,12 @@ def warcore_speculative_algorithms() -> Iterable[AlgorithmSpec]:
 def warcore_is_war_publish_phase(algorithm: str, forward_mode: ForwardMode) -> bool | None:
     phases = _PUBLISH_PHASES.get(algorithm)
     return None if phases is None else forward_mode in phases
+
+
+@hookimpl
+def warcore_shared_read_boundary(
+    backend: str, forward_mode: ForwardMode, context: BoundaryContext
+) -> SharedReadBoundary | None:
+    if backend == "torch_native" and forward_mode is ForwardMode.DRAFT_EXTEND_V2:
+        return SharedReadBoundary.IN_REPLAY
+    return None

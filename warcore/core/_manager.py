@@ -270,7 +270,7 @@ class WarcorePluginManager(pluggy.PluginManager):
                 self.set_blocked(ep.name)
                 continue
             self._load_one(ep, base)
-        if allow_canon is not None:
+        if allow is not None:
             unknown = sorted(n for n in allow if _canonical(n) not in matched)
             self.unknown_allowlist_names = tuple(unknown)
             for name in unknown:

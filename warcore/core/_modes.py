@@ -22,6 +22,10 @@ class ForwardMode(enum.Enum):
     DRAFT_EXTEND = "draft_extend"
     DRAFT_EXTEND_V2 = "draft_extend_v2"
 
+    # Identity hash (members are singletons): Enum's own __hash__ is a Python-level call, and
+    # members key the per-replay decision lookup, where it cost ~0.1 µs per member.
+    __hash__ = object.__hash__
+
     def is_extend(self) -> bool:
         """Forwards that append several tokens per request (prefill-shaped)."""
         return self in _EXTEND_LIKE

@@ -61,15 +61,23 @@ class BackendSpec:
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """A speculative-decoding algorithm offered by a plugin; ``family`` says how it runs."""
+    """A speculative-decoding algorithm offered by a plugin; ``family`` says how it runs.
+
+    ``drafter(target_model, num_draft, device)`` builds the algorithm's drafter for the
+    reference engine (lazily, like a backend factory): for the ``dflash`` family an object with
+    ``propose(rows, row_state)``, for ``eagle`` a draft model. ``None`` for ``none``.
+    """
 
     name: str
     family: str
     description: str = ""
+    drafter: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         validate_name("algorithm", self.name)
         validate_name("algorithm family", self.family)
+        if self.drafter is not None and not callable(self.drafter):
+            raise TypeError(f"AlgorithmSpec {self.name!r}: drafter must be callable")
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,9 @@ class BoundaryContext:
 
     algorithm: str = "none"
     flags: tuple[tuple[str, FlagValue], ...] = field(default=())
+    # Contexts key the per-replay decision lookup; the generated __hash__ rebuilt and hashed a
+    # tuple on every lookup, so the hash is computed once here.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __init__(
         self,
@@ -95,6 +106,10 @@ class BoundaryContext:
                 raise TypeError(f"BoundaryContext flag {key!r}={value!r}: need str -> bool/int/str")
         object.__setattr__(self, "algorithm", validate_name("algorithm", algorithm))
         object.__setattr__(self, "flags", tuple(sorted(items)))
+        object.__setattr__(self, "_hash", hash((self.algorithm, self.flags)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def flag(self, name: str, default: Any = False) -> Any:
         for key, value in self.flags:

@@ -39,11 +39,19 @@ class RunnerKind(enum.Enum):
     """EAGLE draft-extend runner: ``DRAFT_EXTEND_V2``."""
     PREFILL = "prefill"
     """Prefill runner: ``EXTEND``."""
+    DRAFT_DECODE = "draft_decode"
+    """EAGLE draft-step runner: never publishes; the draft-extend after verify reads later."""
+
+    # Identity hash (members are singletons): Enum's own __hash__ is a Python-level call, and
+    # members key the per-replay decision lookup, where it cost ~0.1 µs per member.
+    __hash__ = object.__hash__
 
 
-def runner_kind_for(forward_mode: ForwardMode) -> RunnerKind:
+def runner_kind_for(forward_mode: ForwardMode, *, draft: bool = False) -> RunnerKind:
     """The runner that executes ``forward_mode`` (modes no runner publishes for go to DECODE,
-    whose decision is then ``RecordPoint.NONE``)."""
+    whose decision is then ``RecordPoint.NONE``); ``draft`` for a draft model's runner."""
+    if draft and forward_mode is ForwardMode.DECODE:
+        return RunnerKind.DRAFT_DECODE
     if forward_mode is ForwardMode.EXTEND:
         return RunnerKind.PREFILL
     if forward_mode is ForwardMode.DRAFT_EXTEND_V2:
@@ -61,12 +69,15 @@ class Decision:
     record_point: RecordPoint
     declared: BoundaryResolution
     publish: PublishResolution
+    kind: RunnerKind = RunnerKind.DECODE
 
     @property
     def source(self) -> str:
         """Why: the publish phase's provenance when it vetoed, else the declaration's."""
         if self.publish.source == "forced-coarse" or self.declared.source == "forced-coarse":
             return "forced-coarse"
+        if self.kind is RunnerKind.DRAFT_DECODE:
+            return "runner:draft-decode"
         if not self.publish.publishes and self.record_point is RecordPoint.NONE:
             return f"phase:{self.publish.source}"
         return self.declared.source
@@ -88,9 +99,11 @@ def decide(
         point = draft_extend_record_point(
             forward_mode, declared.boundary, publish.publishes, execution
         )
-    else:
+    elif kind is RunnerKind.PREFILL:
         point = prefill_record_point(forward_mode, declared.boundary, publish.publishes)
-    return Decision(point, declared, publish)
+    else:
+        point = RecordPoint.NONE
+    return Decision(point, declared, publish, kind)
 
 
 class DecisionCache(dict[DecisionKey, Decision]):

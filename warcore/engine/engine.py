@@ -4,7 +4,7 @@ One step of the overlap loop::
 
     batch N+1's shared writes   (schedule stream, already fenced against forward N's reads)
     forward_stream.wait_stream(schedule_stream)          # RAW: N+1 reads what was written
-    launch forward N+1                                   # forward stream
+    launch step N+1 (all forwards of the algorithm)      # forward stream
     barrier: take the runner's mailbox                   # WAR, for the writes of N+2
         event  -> schedule_stream.wait_event(event)      # fine
         none   -> schedule_stream.wait_stream(forward)   # coarse
@@ -37,7 +37,8 @@ from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.requests import Request
 from warcore.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
-from warcore.runners import EagerRunner, GraphRunner, ModelRunner, StepOutput, default_buckets
+from warcore.engine.spec import DflashWorker, EagleWorker, PlainWorker, Worker, build_drafter
+from warcore.runners import ModelRunner, RowState, RunnerGroup, StepOutput
 
 __all__ = ["Engine", "EngineConfig", "FENCES", "LOOPS", "RunReport"]
 
@@ -55,6 +56,8 @@ class EngineConfig:
     loop: Loop = "overlap"
     use_graphs: bool = True
     plant_node: bool = True
+    num_draft: int = 4
+    """Draft tokens per verify (the dflash block size, the EAGLE draft steps)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_slots: int = 4096
@@ -66,6 +69,8 @@ class EngineConfig:
             raise ValueError(f"unknown fence {self.fence!r}; valid: {', '.join(FENCES)}")
         if self.loop not in LOOPS:
             raise ValueError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
+        if self.num_draft < 1:
+            raise ValueError(f"num_draft must be at least 1, got {self.num_draft}")
 
 
 @dataclass
@@ -78,15 +83,24 @@ class RunReport:
     steps: int
     forwards: Counter[ForwardMode]
     published: Counter[tuple[ForwardMode, RecordPoint]]
+    """Per (forward mode, record point): forwards of every runner (target and draft)."""
     barriers: Counter[str]
     outputs: dict[int, list[int]]
     errors: dict[int, str]
     rows_reused: int = 0
+    verifies: int = 0
+    """Request-verifies: one per request per target verify."""
+    accepted_drafts: int = 0
     matches_serial: bool | None = None
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean draft tokens accepted per verify (the bonus token not counted)."""
+        return self.accepted_drafts / self.verifies if self.verifies else 0.0
 
 
 class Engine:
@@ -100,50 +114,88 @@ class Engine:
         self.config = cfg = config or EngineConfig()
         self.pm = pm if pm is not None else get_plugin_manager()
         registry = get_registry(self.pm)
-        registry.algorithm(cfg.algorithm)  # unknown names fail here, listing the valid ones
-        spec = registry.backend(cfg.backend)
+        algorithm = registry.algorithm(cfg.algorithm)  # unknown names list the valid ones
+        backend_spec = registry.backend(cfg.backend)
+        self.family = algorithm.family
+        self.num_draft = 0 if self.family == "none" else cfg.num_draft
         self.device = device if isinstance(device, Device) else get_device(device)
         tdev = self.device.torch_device
         sc = cfg.scheduler
+        self.context = BoundaryContext(cfg.algorithm, dict(cfg.flags))
+        self.capacity = max(
+            sc.max_prefill_tokens, sc.max_prefill_requests * cfg.max_prompt, sc.max_running * 8
+        )
         self.model = TinyLlama(cfg.model, tdev)
         self.pool = KVPool(cfg.model, tdev, max_reqs=sc.max_running + 1, num_slots=cfg.num_slots)
-        capacity = max(sc.max_prefill_tokens, sc.max_prefill_requests * cfg.max_prompt, sc.max_running)
-        self.context = BoundaryContext(cfg.algorithm, dict(cfg.flags))
-        backend = spec.factory(
-            pool=self.pool, max_bs=sc.max_running, capacity=capacity, context=self.context
+        self.rows = RowState(tdev, self.pool.max_reqs, cfg.model.hidden, cfg.model.dtype, self.num_draft)
+        self.forward_stream = self.device.new_stream("forward")
+        self.schedule_stream = self.device.new_stream("schedule")
+        width = self.num_draft + 1
+        target_mode = ForwardMode.TARGET_VERIFY if self.num_draft else ForwardMode.DECODE
+        self.target = self._group(
+            "target", self.model, self.pool, backend_spec.factory, {target_mode: width}
         )
+        self.runner = self.target.runner
+        self.worker: Worker
+        if self.family == "none":
+            self.worker = PlainWorker(self.target)
+        elif self.family == "dflash":
+            drafter = build_drafter(algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev)
+            self.worker = DflashWorker(self.target, drafter)
+        elif self.family == "eagle":
+            draft_model = build_drafter(algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev)
+            draft_pool = KVPool(
+                draft_model.cfg,
+                tdev,
+                max_reqs=self.pool.max_reqs,
+                num_slots=cfg.num_slots,
+                share_tables_with=self.pool,
+            )
+            modes = {ForwardMode.DECODE: 1, ForwardMode.DRAFT_EXTEND_V2: width}
+            draft = self._group("draft", draft_model, draft_pool, backend_spec.factory, modes)
+            self.worker = EagleWorker(self.target, draft, self.num_draft)
+        else:
+            raise ValueError(
+                f"algorithm {cfg.algorithm!r} has family {self.family!r}; the reference engine "
+                "runs the families none, eagle and dflash"
+            )
+        self.barriers: Counter[str] = Counter()
+
+    def _group(
+        self,
+        name: str,
+        model: TinyLlama,
+        pool: KVPool,
+        factory: Callable[..., object],
+        graph_modes: dict[ForwardMode, int],
+    ) -> RunnerGroup:
+        cfg, sc = self.config, self.config.scheduler
+        backend = factory(pool=pool, max_bs=sc.max_running, capacity=self.capacity, context=self.context)
         if not isinstance(backend, AttentionBackend) or backend.name != cfg.backend:
             raise TypeError(
                 f"backend factory for {cfg.backend!r} returned {backend!r}; expected an "
                 f"AttentionBackend named {cfg.backend!r}"
             )
-        self.backend = backend
-        self.forward_stream = self.device.new_stream("forward")
-        self.schedule_stream = self.device.new_stream("schedule")
-        self.runner = ModelRunner(
+        runner = ModelRunner(
             device=self.device,
             forward_stream=self.forward_stream,
-            model=self.model,
-            pool=self.pool,
+            model=model,
+            pool=pool,
             backend=backend,
             context=self.context,
             decisions=get_decision_cache(self.pm),
+            rows=self.rows,
             max_bs=sc.max_running,
-            capacity=capacity,
+            capacity=self.capacity,
+            name=name,
+            draft=name == "draft",
         )
-        self.eager = EagerRunner(self.runner)
-        self.decode_graph = (
-            GraphRunner(
-                self.runner,
-                ForwardMode.DECODE,
-                1,
-                default_buckets(sc.max_running),
-                plant_node=cfg.plant_node,
-            )
-            if cfg.use_graphs
-            else None
-        )
-        self.barriers: Counter[str] = Counter()
+        return RunnerGroup(runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node)
+
+    @property
+    def runners(self) -> list[ModelRunner]:
+        draft = getattr(self.worker, "draft", None)
+        return [self.target.runner] + ([draft.runner] if draft is not None else [])
 
     def close(self) -> None:
         self.device.close()
@@ -154,18 +206,14 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- one forward ----------------------------------------------------------------------
+    # -- one step -------------------------------------------------------------------------
     def launch(self, scheduled: Scheduled) -> StepOutput:
-        step = scheduled.step
-        self.forward_stream.wait_stream(self.schedule_stream)
-        with self.device.use_stream(self.forward_stream):
-            if self.decode_graph is not None and self.decode_graph.can_run(step):
-                return self.decode_graph.run(step)
-            return self.eager.run(step)
+        self.forward_stream.wait_stream(self.schedule_stream)  # RAW: read what was written
+        return self.worker.launch(scheduled.step)
 
     def barrier(self) -> None:
         """WAR fence for the scheduler's next writes (sglang's ``_apply_war_barrier``)."""
-        event = self.runner.mailbox.take()
+        event = self.worker.mailbox.mailbox.take()
         fence = self.config.fence
         if fence == "none":
             self.barriers["none"] += 1
@@ -183,22 +231,32 @@ class Engine:
         progress: Callable[[int, int], None] | None = None,
     ) -> RunReport:
         reqs = [r.fresh() for r in requests]
-        sched = Scheduler(reqs, self.pool, self.device, self.schedule_stream, self.config.scheduler)
+        sched = Scheduler(
+            reqs,
+            self.pool,
+            self.device,
+            self.schedule_stream,
+            self.config.scheduler,
+            num_draft=self.num_draft,
+        )
         serial = self.config.loop == "serial"
         forwards: Counter[ForwardMode] = Counter()
-        self.runner.published.clear()
+        for runner in self.runners:
+            runner.published.clear()
         self.barriers.clear()
+        stats = _Collected()
         pending: tuple[Scheduled, StepOutput] | None = None
-        done_tokens = 0
-        total_tokens = sum(r.max_new_tokens for r in reqs)
+        total = sum(r.max_new_tokens for r in reqs)
         step = 0
         start = time.perf_counter()
         while not sched.finished_scheduling:
             scheduled = sched.schedule(step)
             if scheduled is None:
                 if pending is not None:
-                    done_tokens += _collect(*pending)
+                    stats.collect(sched, *pending)
                     pending = None
+                    step += 1
+                    continue
                 nxt = sched.next_arrival()
                 step = max(step + 1, nxt if nxt is not None else step + 1)
                 continue
@@ -207,21 +265,24 @@ class Engine:
             forwards[scheduled.step.forward_mode] += 1
             if serial:
                 self.device.synchronize()
-                done_tokens += _collect(scheduled, out)
+                stats.collect(sched, scheduled, out)
             else:
                 self.barrier()
                 if pending is not None:
-                    done_tokens += _collect(*pending)
+                    stats.collect(sched, *pending)
                 pending = (scheduled, out)
             if progress is not None:
-                progress(done_tokens, total_tokens)
+                progress(stats.tokens, total)
             step += 1
         if pending is not None:
-            done_tokens += _collect(*pending)
+            stats.collect(sched, *pending)
         self.device.synchronize()
         elapsed = time.perf_counter() - start
         if progress is not None:
-            progress(done_tokens, total_tokens)
+            progress(stats.tokens, total)
+        published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
+        for runner in self.runners:
+            published.update(runner.published)
         return RunReport(
             config=self.config,
             device=self.device.name,
@@ -230,18 +291,35 @@ class Engine:
             elapsed_s=elapsed,
             steps=step,
             forwards=forwards,
-            published=Counter(self.runner.published),
+            published=published,
             barriers=Counter(self.barriers),
             outputs={r.rid: list(r.output) for r in reqs},
             errors={r.rid: r.error for r in reqs if r.error is not None},
             rows_reused=sched.rows_reused,
+            verifies=stats.verifies,
+            accepted_drafts=stats.accepted,
         )
 
 
-def _collect(scheduled: Scheduled, out: StepOutput) -> int:
-    """Append each request's sampled token; the host waits for this forward only."""
-    tokens = out.result()
-    step = scheduled.step
-    for i, req in enumerate(scheduled.requests):
-        req.output.append(tokens[i][step.sample_index[i]])
-    return len(scheduled.requests)
+class _Collected:
+    """The host side of results: append each request's accepted tokens, count acceptance."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.verifies = 0
+        self.accepted = 0
+
+    def collect(self, sched: Scheduler, scheduled: Scheduled, out: StepOutput) -> None:
+        tokens, sample = out.result()  # the host waits for this forward only
+        prefill = scheduled.step.prompt_ids is not None
+        verify = scheduled.step.forward_mode is ForwardMode.TARGET_VERIFY
+        for i, req in enumerate(scheduled.requests):
+            s = sample[i]
+            new = [tokens[i][s]] if prefill else tokens[i][: s + 1]
+            room = req.max_new_tokens - len(req.output)
+            req.output.extend(new[:room])
+            self.tokens += min(len(new), room)
+            if verify and room > 0:
+                self.verifies += 1
+                self.accepted += s
+            sched.on_collected(req)

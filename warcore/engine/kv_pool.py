@@ -20,16 +20,29 @@ DUMMY_SLOT = 0
 
 class KVPool:
     def __init__(
-        self, cfg: ModelConfig, device: torch.device, *, max_reqs: int, num_slots: int
+        self,
+        cfg: ModelConfig,
+        device: torch.device,
+        *,
+        max_reqs: int,
+        num_slots: int,
+        share_tables_with: KVPool | None = None,
     ) -> None:
+        """``share_tables_with``: a draft model's pool has its own K/V but the target's tables
+        (same rows, same slots), as in sglang."""
         self.cfg = cfg
         self.max_reqs = max_reqs
         self.num_slots = num_slots
         self.max_context = cfg.max_context
         self.swa_layers = frozenset(cfg.swa_layers)
-        long = dict(dtype=torch.int64, device=device)
-        self.req_to_token = torch.zeros(max_reqs, cfg.max_context, **long)  # type: ignore[arg-type]
-        self.full_to_swa_index_mapping = torch.zeros(num_slots, **long)  # type: ignore[arg-type]
+        if share_tables_with is not None:
+            self.req_to_token = share_tables_with.req_to_token
+            self.full_to_swa_index_mapping = share_tables_with.full_to_swa_index_mapping
+        else:
+            self.req_to_token = torch.zeros(
+                max_reqs, cfg.max_context, dtype=torch.int64, device=device
+            )
+            self.full_to_swa_index_mapping = torch.zeros(num_slots, dtype=torch.int64, device=device)
         kv_shape = (cfg.layers, num_slots, cfg.kv_heads, cfg.head_dim)
         self.k = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)
         self.v = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)

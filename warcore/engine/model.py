@@ -8,14 +8,17 @@ differences far below any logit gap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from warcore.attention import AttentionBackend
-from warcore.runners.batch import ForwardBatch
+from typing import TYPE_CHECKING
 
-__all__ = ["ModelConfig", "TinyLlama"]
+if TYPE_CHECKING:
+    from warcore.attention import AttentionBackend
+    from warcore.runners.batch import ForwardBatch
+
+__all__ = ["DraftLlama", "ModelConfig", "TinyLlama"]
 
 
 @dataclass(frozen=True)
@@ -115,3 +118,19 @@ class TinyLlama:
     def sample(self, h: torch.Tensor) -> torch.Tensor:
         """Greedy: the argmax token at every query position, ``[bs, max_q]``."""
         return self.logits(h).argmax(dim=-1)
+
+
+class DraftLlama(TinyLlama):
+    """An EAGLE-style drafter: a one-layer model whose input at each position is the token's
+    embedding plus a projection of the target's hidden state that predicted that token."""
+
+    def __init__(self, target: ModelConfig, device: torch.device, seed: int = 1) -> None:
+        cfg = replace(target, layers=1, swa_layers=(), seed=seed)
+        super().__init__(cfg, device)
+        gen = torch.Generator().manual_seed(seed + 1000)
+        self.feature_proj = (
+            torch.randn(cfg.hidden, cfg.hidden, generator=gen, dtype=cfg.dtype) * cfg.hidden**-0.5
+        ).to(device)
+
+    def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.embedding[batch.input_ids] + batch.features @ self.feature_proj

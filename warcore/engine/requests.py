@@ -23,8 +23,10 @@ class Request:
     row: int = 0
     slots: list[int] = field(default_factory=list)
     swa_slots: list[int] = field(default_factory=list)
-    launched: int = 0
-    """Output tokens whose forward has been launched."""
+    in_flight: int = 0
+    """Forwards launched for it whose tokens the host has not collected yet."""
+    kv_bound: int = 0
+    """Upper bound of its committed KV length once every launched forward has run."""
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -32,10 +34,15 @@ class Request:
         if self.max_new_tokens < 1:
             raise ValueError(f"request {self.rid}: max_new_tokens must be >= 1")
 
+    def kv_needed(self, num_draft: int = 0) -> int:
+        """KV positions over its lifetime: the last sampled token is never fed back, and a
+        verify writes ``num_draft`` positions past what it may accept."""
+        return len(self.prompt) + self.max_new_tokens - 1 + num_draft
+
     @property
-    def kv_needed(self) -> int:
-        """KV slots over its lifetime: the last sampled token is never fed back."""
-        return len(self.prompt) + self.max_new_tokens - 1
+    def guaranteed(self) -> bool:
+        """Every forward yields at least one token, so the launched ones will finish it."""
+        return len(self.output) + self.in_flight >= self.max_new_tokens
 
     @property
     def done(self) -> bool:

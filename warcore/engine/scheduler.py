@@ -1,8 +1,13 @@
 """The scheduler: admission, continuous batching, KV allocation and the shared-buffer writes.
 
-It decides every batch from request lengths alone (never from sampled tokens), so the overlap
-loop and the serial loop build identical batches. All writes to the shared buffers are device
-work on the schedule stream; the engine fences that stream against the forward's reads.
+It decides every batch from what it knows on the host — lengths, and the tokens of the forwards
+it has collected — never by waiting for the forward in flight, so the overlap loop and the
+serial loop build identical batches. All writes to the shared buffers are device work on the
+schedule stream; the engine fences that stream against the forward's reads.
+
+A request is released (its row and slots freed for the very next batch) as soon as the forwards
+launched for it are certain to finish it; with speculative decoding a forward may also finish
+it early, which the scheduler learns when it collects that forward's tokens.
 """
 
 from __future__ import annotations
@@ -44,15 +49,18 @@ class Scheduler:
         device: Device,
         schedule_stream: Stream,
         config: SchedulerConfig | None = None,
+        num_draft: int = 0,
     ) -> None:
         self.config = config or SchedulerConfig()
         self.pool = pool
         self.device = device
         self.stream = schedule_stream
+        self.num_draft = num_draft
         for req in requests:
-            if req.kv_needed > pool.num_slots - 1 or req.kv_needed > pool.max_context:
+            need = req.kv_needed(num_draft)
+            if need > pool.num_slots - 1 or need > pool.max_context:
                 raise ValueError(
-                    f"request {req.rid} needs {req.kv_needed} KV positions; the pool has "
+                    f"request {req.rid} needs {need} KV positions; the pool has "
                     f"{pool.num_slots - 1} slots and a context of {pool.max_context}"
                 )
         self.future = deque(sorted(requests, key=lambda r: (r.arrival_step, r.rid)))
@@ -93,10 +101,11 @@ class Scheduler:
         tokens = 0
         while self.waiting and len(admitted) < cfg.max_prefill_requests:
             req = self.waiting[0]
+            need = req.kv_needed(self.num_draft)
             fits = (
                 len(self.running) + len(admitted) < cfg.max_running
                 and self.free_rows
-                and len(self.free_slots) - self.reserved >= req.kv_needed
+                and len(self.free_slots) - self.reserved >= need
                 and tokens + len(req.prompt) <= cfg.max_prefill_tokens
             )
             if not fits:
@@ -106,76 +115,74 @@ class Scheduler:
             req.row = self.free_rows.pop()
             self.rows_reused += req.row in self._used_rows
             self._used_rows.add(req.row)
-            n = len(req.prompt)
-            req.slots = [self.free_slots.pop() for _ in range(n)]
-            req.swa_slots = [self.free_swa.pop() for _ in range(n)]
-            self.reserved += req.kv_needed - n
+            self.reserved += need
             admitted.append(req)
         if not admitted:
             return None
-        mq = max(len(r.prompt) for r in admitted)
-        rows, cols, vals, map_idx, map_val = [], [], [], [], []
+        writes = _Writes()
         for req in admitted:
-            n = len(req.prompt)
-            rows += [req.row] * n
-            cols += list(range(n))
-            vals += req.slots
-            map_idx += req.slots
-            map_val += req.swa_slots
-        self._write(rows, cols, vals, map_idx, map_val)
+            self._allocate(req, len(req.prompt), writes)
+        self._write(*writes.lists())
+        mq = max(len(r.prompt) for r in admitted)
         step = StepInput(
             ForwardMode.EXTEND,
             [r.row for r in admitted],
-            [_pad(list(range(len(r.prompt))), mq) for r in admitted],
-            [_pad(r.slots, mq) for r in admitted],
-            [_pad(r.prompt, mq) for r in admitted],
-            [len(r.prompt) - 1 for r in admitted],
+            [len(r.prompt) for r in admitted],
+            mq,
+            prompt_ids=[r.prompt + [0] * (mq - len(r.prompt)) for r in admitted],
         )
         self.running += admitted
         return Scheduled(step, admitted)
 
     def _decode(self) -> Scheduled | None:
-        batch = [r for r in self.running if r.launched < r.max_new_tokens]
+        batch = [r for r in self.running if not r.guaranteed]
         if not batch:
             return None
-        rows, cols, vals, map_idx, map_val = [], [], [], [], []
-        positions = []
+        width = self.num_draft + 1
+        writes = _Writes()
         for req in batch:
-            pos = len(req.prompt) + req.launched - 1
+            # This forward writes positions kv_len .. kv_len + num_draft; kv_len <= kv_bound.
+            self._allocate(req, min(req.kv_bound + width, req.kv_needed(self.num_draft)), writes)
+        self._write(*writes.lists())
+        mode = ForwardMode.TARGET_VERIFY if self.num_draft else ForwardMode.DECODE
+        step = StepInput(mode, [r.row for r in batch], [width] * len(batch), width)
+        return Scheduled(step, batch)
+
+    def _allocate(self, req: Request, positions: int, writes: _Writes) -> None:
+        """Give ``req`` slots for its first ``positions`` positions (rows are append-only)."""
+        for pos in range(len(req.slots), positions):
             slot, swa = self.free_slots.pop(), self.free_swa.pop()
             self.reserved -= 1
             req.slots.append(slot)
             req.swa_slots.append(swa)
-            rows.append(req.row)
-            cols.append(pos)
-            vals.append(slot)
-            map_idx.append(slot)
-            map_val.append(swa)
-            positions.append(pos)
-        self._write(rows, cols, vals, map_idx, map_val)
-        step = StepInput(
-            ForwardMode.DECODE,
-            [r.row for r in batch],
-            [[p] for p in positions],
-            [[r.slots[-1]] for r in batch],
-            [[-1] for _ in batch],
-            [0] * len(batch),
-        )
-        return Scheduled(step, batch)
+            writes.add(req.row, pos, slot, swa)
 
     def on_launched(self, scheduled: Scheduled) -> None:
-        """Right after the forward is launched: requests whose last token it samples are done
-        from the scheduler's point of view; their row and slots are free for the next batch."""
+        """Right after the forward is launched: release the requests it is certain to finish,
+        so their rows and slots serve the very next batch."""
+        width = self.num_draft + 1
         for req in scheduled.requests:
-            req.launched += 1
-            if req.launched >= req.max_new_tokens:
+            req.in_flight += 1
+            if scheduled.step.forward_mode is ForwardMode.EXTEND:
+                req.kv_bound = len(req.prompt)
+            else:
+                req.kv_bound += width
+            if req.guaranteed:
                 self.release(req)
+
+    def on_collected(self, req: Request) -> None:
+        """After the host appended a forward's tokens to ``req``."""
+        req.in_flight -= 1
+        committed = len(req.prompt) + len(req.output) - 1
+        req.kv_bound = committed + req.in_flight * (self.num_draft + 1)
+        if req.done or req.guaranteed:
+            self.release(req)
 
     def release(self, req: Request) -> None:
         if req not in self.running:
             return
         self.running.remove(req)
-        self.reserved -= req.kv_needed - len(req.slots)
+        self.reserved -= req.kv_needed(self.num_draft) - len(req.slots)
         self.free_rows.append(req.row)
         self.free_slots.extend(reversed(req.slots))
         self.free_swa.extend(reversed(req.swa_slots))
@@ -192,8 +199,8 @@ class Scheduler:
     ) -> None:
         """One launch on the schedule stream: clear freed mappings, then write the new entries.
 
-        Two separate ``index_put_`` calls for the mapping: a slot freed and handed out again in
-        the same step appears in both, and one call with duplicate indices has no defined order.
+        Two separate calls for the mapping: a slot freed and handed out again in the same step
+        appears in both, and one ``index_put_`` with duplicate indices has no defined order.
         """
         clears, self._mapping_clears = self._mapping_clears, []
         dev = self.device.torch_device
@@ -219,5 +226,18 @@ class Scheduler:
             self.device.launch(write, "schedule_write")
 
 
-def _pad(values: list[int], length: int) -> list[int]:
-    return values + [0] * (length - len(values))
+class _Writes:
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.slots: list[int] = []
+        self.swa: list[int] = []
+
+    def add(self, row: int, col: int, slot: int, swa: int) -> None:
+        self.rows.append(row)
+        self.cols.append(col)
+        self.slots.append(slot)
+        self.swa.append(swa)
+
+    def lists(self) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        return self.rows, self.cols, self.slots, self.slots, self.swa

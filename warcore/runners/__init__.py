@@ -1,16 +1,20 @@
 """Runners: execute a forward and record its read-done event at the decided point."""
 
-from warcore.runners._runner import ModelRunner, ReadDoneMailbox, StepOutput
-from warcore.runners.batch import ForwardBatch, StaticBatch, StepInput
+from warcore.runners._runner import PROMPT_MODES, ModelRunner, ReadDoneMailbox, StepOutput
+from warcore.runners.batch import ForwardBatch, RowState, StaticBatch, StepInput
 from warcore.runners.eager import EagerRunner
 from warcore.runners.graph import GraphRunner, default_buckets
+from warcore.runners.group import RunnerGroup
 
 __all__ = [
+    "PROMPT_MODES",
     "EagerRunner",
     "ForwardBatch",
     "GraphRunner",
     "ModelRunner",
     "ReadDoneMailbox",
+    "RowState",
+    "RunnerGroup",
     "StaticBatch",
     "StepInput",
     "StepOutput",

@@ -1,35 +1,33 @@
 """The model runner: one model + one attention backend on the forward stream.
 
 A forward is four phases, whatever executes it: ``load_batch`` (copy the step into static
-buffers, then the backend's out-graph init), the in-graph init, the model body, and ``emit``
-(feed the sampled tokens forward, copy them to the host). Sub-runners (eager, graph) only
-decide *how* the middle two run and *where* the read-done event is recorded, and they take that
-decision from the precomputed :class:`~warcore.core.DecisionCache` — never a hook call.
+buffers, derive positions and KV slots, then the backend's out-graph init), the in-graph init,
+the model body, and ``emit`` (copy the sampled tokens to the host). Sub-runners (eager, graph)
+only decide *how* the middle two run and *where* the read-done event is recorded, and they take
+that decision from the precomputed :class:`~warcore.core.DecisionCache` — never a hook call.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from warcore.core import (
-    BoundaryContext,
-    DecisionCache,
-    ForwardMode,
-    RecordPoint,
-)
+from warcore.core import BoundaryContext, DecisionCache, ForwardMode, RecordPoint
 from warcore.device import Device, Event, Stream
-from warcore.runners.batch import ForwardBatch, StepInput
+from warcore.runners.batch import ForwardBatch, RowState, StepInput
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
     from warcore.engine.kv_pool import KVPool
     from warcore.engine.model import TinyLlama
 
-__all__ = ["ModelRunner", "ReadDoneMailbox", "StepOutput"]
+__all__ = ["PROMPT_MODES", "ModelRunner", "ReadDoneMailbox", "StepOutput"]
+
+PROMPT_MODES = frozenset({ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND})
+"""Forwards over a prompt: host tokens, positions from 0, the last token is sampled."""
 
 
 class ReadDoneMailbox:
@@ -52,18 +50,24 @@ class ReadDoneMailbox:
 
 @dataclass
 class StepOutput:
-    """A launched forward: its sampled tokens arrive in ``tokens`` once ``done`` completes."""
+    """A launched forward: its results arrive in the host tensors once ``done`` completes.
+
+    ``tokens[i, j]`` is the greedy token after query position ``j`` of request ``i``;
+    ``sample_index[i]`` is the position whose token continues the request: the last prompt
+    token for a prefill, the number of accepted draft tokens for a verify (0 for a decode).
+    """
 
     step: StepInput
+    batch: ForwardBatch
     tokens: torch.Tensor
+    sample_index: torch.Tensor
     done: Event
     record_point: RecordPoint
 
-    def result(self) -> list[list[int]]:
-        """Block the host until the forward finished; the tokens of the real requests."""
+    def result(self) -> tuple[list[list[int]], list[int]]:
+        """Block the host until this forward finished; its tokens and sample indices."""
         self.done.synchronize()
-        rows: list[list[int]] = self.tokens.tolist()
-        return rows
+        return self.tokens.tolist(), self.sample_index.tolist()
 
 
 class _Activations:
@@ -73,7 +77,7 @@ class _Activations:
 
 
 class ModelRunner:
-    """Owns the forward-side state shared by its sub-runners: mailbox, token feed, outputs."""
+    """Owns the forward-side state its sub-runners share: mailbox, outputs, row state."""
 
     def __init__(
         self,
@@ -85,9 +89,11 @@ class ModelRunner:
         backend: AttentionBackend,
         context: BoundaryContext,
         decisions: DecisionCache,
+        rows: RowState,
         max_bs: int,
         capacity: int,
         name: str = "target",
+        draft: bool = False,
     ) -> None:
         self.device = device
         self.forward_stream = forward_stream
@@ -96,38 +102,66 @@ class ModelRunner:
         self.backend = backend
         self.context = context
         self.decisions = decisions
+        self.rows = rows
         self.name = name
+        self.draft = draft
+        """A draft model's runner: its decode steps never publish (``RunnerKind.DRAFT_DECODE``)."""
         self.max_bs = max_bs
         self.capacity = capacity
         self.mailbox = ReadDoneMailbox()
         tdev = device.torch_device
-        self.token_feed = torch.zeros(pool.max_reqs, dtype=torch.int64, device=tdev)
+        cfg = model.cfg
         self.out_tokens = torch.zeros(capacity, dtype=torch.int64, device=tdev)
-        self.hidden_out = torch.zeros(capacity, model.cfg.hidden, dtype=model.cfg.dtype, device=tdev)
+        self.hidden_out = torch.zeros(capacity, cfg.hidden, dtype=cfg.dtype, device=tdev)
+        self.sample_index = torch.zeros(max_bs, dtype=torch.int64, device=tdev)
+        self._query_pos = torch.arange(capacity, device=tdev)
         self.published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
         self._act = _Activations()
 
+    def outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of ``fb``'s sampled tokens, last hidden states and sample indices."""
+        bs, mq = fb.batch_size, fb.max_q
+        n = bs * mq
+        return (
+            self.out_tokens[:n].view(bs, mq),
+            self.hidden_out[:n].view(bs, mq, -1),
+            self.sample_index[:bs],
+        )
+
     # -- the four phases ------------------------------------------------------------------
     def load_batch(self, step: StepInput, fb: ForwardBatch, in_capture: bool = False) -> None:
-        """Copy ``step`` into ``fb``'s static buffers, then run the out-graph init."""
-        host = _host_tensors(step, pin=self.device.name == "cuda")
-        feed = self.token_feed
+        """Copy ``step`` into ``fb``, derive positions and slots, then the out-graph init."""
+        pin = self.device.name == "cuda"
+        rows_host = _host([step.rows], pin)[0]
+        q_lens_host = _host([step.q_lens], pin)[0]
+        prompt_host = None if step.prompt_ids is None else _host(step.prompt_ids, pin)
+        state, req_to_token, j = self.rows, self.pool.req_to_token, self._query_pos[: fb.max_q]
+        offset = step.offset
 
         def copy() -> None:
-            rows, positions, loc, ids, sample = host
-            fb.req_pool_indices.copy_(rows, non_blocking=True)
-            fb.positions.copy_(positions, non_blocking=True)
-            fb.out_cache_loc.copy_(loc, non_blocking=True)
-            fb.input_ids.copy_(ids, non_blocking=True)
-            fb.sample_index.copy_(sample, non_blocking=True)
-            # -1 marks "the token the previous forward sampled for this row".
-            fed = feed[fb.req_pool_indices].unsqueeze(1).expand_as(fb.input_ids)
-            torch.where(fb.input_ids < 0, fed, fb.input_ids, out=fb.input_ids)
+            fb.req_pool_indices.copy_(rows_host, non_blocking=True)
+            fb.q_lens.copy_(q_lens_host, non_blocking=True)
+            valid = j.unsqueeze(0) < fb.q_lens.unsqueeze(1)
+            if prompt_host is not None:
+                fb.input_ids.copy_(prompt_host, non_blocking=True)
+                pos = j.unsqueeze(0).expand_as(fb.positions)
+            else:
+                base = state.kv_len[fb.req_pool_indices] + offset
+                pos = base.unsqueeze(1) + j.unsqueeze(0)
+            fb.positions.copy_(pos.masked_fill(~valid, 0))
+            slots = req_to_token[fb.req_pool_indices.unsqueeze(1), fb.positions]
+            fb.out_cache_loc.copy_(slots.masked_fill(~valid, 0))
 
         self.device.launch(copy, "load_batch")
+        if step.fill is not None:
+            fill = step.fill
+            self.device.launch(lambda: fill(fb), "fill_inputs")
         backend = self.backend
+        # Bind this step's host data now: on the sim device the launch runs later, when the
+        # static batch may already describe the next step.
+        planned = replace(fb, host=step)
         self.device.launch(
-            lambda: backend.init_forward_metadata_out_graph(fb, in_capture), "out_graph_init"
+            lambda: backend.init_forward_metadata_out_graph(planned, in_capture), "out_graph_init"
         )
 
     def in_graph_init(self, fb: ForwardBatch) -> None:
@@ -136,9 +170,9 @@ class ModelRunner:
 
     def body(self, fb: ForwardBatch) -> None:
         model, backend, act = self.model, self.backend, self._act
-        n = fb.batch_size * fb.max_q
-        out = self.out_tokens[:n].view(fb.batch_size, fb.max_q)
-        hidden = self.hidden_out[:n].view(fb.batch_size, fb.max_q, -1)
+        out, hidden, sample = self.outputs(fb)
+        j = self._query_pos[: fb.max_q]
+        prompt = fb.forward_mode in PROMPT_MODES
 
         def embed() -> None:
             act.h = model.embed(fb)
@@ -146,50 +180,61 @@ class ModelRunner:
         def layer(i: int) -> None:
             act.h = model.layer(i, act.h, fb, backend)
 
-        def sample() -> None:
+        def sample_tokens() -> None:
             hidden.copy_(act.h)
             out.copy_(model.sample(act.h))
+            if prompt:
+                sample.copy_((fb.q_lens - 1).clamp(min=0))
+                return
+            # Greedy verification: the leading drafts that equal the target's own next token.
+            drafts_ok = (fb.input_ids[:, 1:] == out[:, :-1]) & (
+                j[1:].unsqueeze(0) < fb.q_lens.unsqueeze(1)
+            )
+            sample.copy_(drafts_ok.to(torch.int64).cumprod(1).sum(1))
 
         self.device.launch(embed, "embed")
         for i in range(model.cfg.layers):
             self.device.launch(lambda i=i: layer(i), f"layer{i}")  # type: ignore[misc]
-        self.device.launch(sample, "sample")
+        self.device.launch(sample_tokens, "sample")
 
     def emit(self, step: StepInput, fb: ForwardBatch, point: RecordPoint) -> StepOutput:
-        """Feed each request's sampled token to its row and copy the tokens to the host."""
-        bs, mq = step.batch_size, fb.max_q
+        """Copy the real requests' tokens and sample indices to the host."""
+        bs = step.batch_size
         pin = self.device.name == "cuda"
-        tokens = torch.empty((bs, mq), dtype=torch.int64, pin_memory=pin)
-        out = self.out_tokens[: fb.batch_size * mq].view(fb.batch_size, mq)
-        feed = self.token_feed
+        tokens = torch.empty((bs, fb.max_q), dtype=torch.int64, pin_memory=pin)
+        sample_host = torch.empty(bs, dtype=torch.int64, pin_memory=pin)
+        out, _, sample = self.outputs(fb)
 
         def copy_out() -> None:
-            picked = out.gather(1, fb.sample_index.unsqueeze(1)).squeeze(1)
-            feed.index_copy_(0, fb.req_pool_indices[:bs], picked[:bs])
             tokens.copy_(out[:bs], non_blocking=True)
+            sample_host.copy_(sample[:bs], non_blocking=True)
 
         self.device.launch(copy_out, "emit")
         done = self.forward_stream.record_event()
         self.published[(step.forward_mode, point)] += 1
-        return StepOutput(step, tokens, done, point)
+        return StepOutput(step, fb, tokens, sample_host, done, point)
+
+    def commit(self, out: StepOutput) -> None:
+        """Advance each row past what this forward accepted (device work, forward stream)."""
+        fb, bs, state = out.batch, out.step.batch_size, self.rows
+        tokens, hidden, sample = self.outputs(fb)
+
+        def commit_rows() -> None:
+            rows = fb.req_pool_indices[:bs]
+            s = sample[:bs]
+            picked = torch.arange(bs, device=s.device)
+            state.kv_len.index_copy_(0, rows, fb.positions[:bs, 0] + s + 1)
+            state.token.index_copy_(0, rows, tokens[picked, s])
+            state.feature.index_copy_(0, rows, hidden[picked, s])
+
+        with self.device.use_stream(self.forward_stream):
+            self.device.launch(commit_rows, "commit")
 
     def publish_fresh(self) -> None:
         """Record a fresh read-done event on the forward stream, here, now."""
         self.mailbox.put(self.forward_stream.record_event())
 
 
-def _host_tensors(
-    step: StepInput, pin: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    def t(data: list[int] | list[list[int]]) -> torch.Tensor:
-        tensor = torch.tensor(data, dtype=torch.int64)
-        return tensor.pin_memory() if pin else tensor
-
-    return (
-        t(step.rows),
-        t(step.positions),
-        t(step.out_cache_loc),
-        t(step.input_ids),
-        t(step.sample_index),
-    )
-
+def _host(data: list[list[int]], pin: bool) -> torch.Tensor:
+    tensor = torch.tensor(data, dtype=torch.int64)
+    return tensor.pin_memory() if pin else tensor

@@ -1,62 +1,65 @@
-"""What one forward reads: the host-side step description and its device-side batch.
+"""What one forward reads: the host-side step, the device-side batch, the per-row state.
 
 Tokens are laid out padded, ``[batch_size, max_q]``: request ``i``'s query tokens are
-``[i, :q_len]``; padding tokens sit at position 0 of the dummy row and write the dummy slot.
-Decode has ``max_q == 1``, target verify ``max_q == block``, prefill the longest prompt.
+``[i, :q_len]``. Positions and KV slots are derived on the device — positions from the row's
+committed length, slots by reading ``req_to_token`` — so a step can be launched before the host
+knows how many tokens the previous step accepted. Padding tokens sit at position 0 of the dummy
+row and write the dummy slot.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from warcore.core import ForwardMode
 
-__all__ = ["ForwardBatch", "StaticBatch", "StepInput"]
+__all__ = ["ForwardBatch", "RowState", "StaticBatch", "StepInput"]
+
+Fill = Callable[["ForwardBatch"], None]
 
 
 @dataclass(frozen=True)
 class StepInput:
-    """One forward as the scheduler describes it (host lists, already padded to ``max_q``).
+    """One forward as the scheduler and the speculative worker describe it.
 
-    ``input_ids`` rows may hold ``-1`` at column 0, meaning "the token the previous forward
-    sampled for this row" (read on the device from the token feed, never via the host).
+    ``prompt_ids`` (prefill) gives the tokens on the host and starts positions at 0; otherwise
+    positions start at the row's committed length plus ``offset`` and ``fill`` (device work)
+    writes the input ids, and features where the model takes them, into the batch.
     """
 
     forward_mode: ForwardMode
     rows: list[int]
-    positions: list[list[int]]
-    out_cache_loc: list[list[int]]
-    input_ids: list[list[int]]
-    sample_index: list[int]
-    draft_ids: list[list[int]] = field(default_factory=list)
+    q_lens: list[int]
+    max_q: int
+    prompt_ids: list[list[int]] | None = None
+    offset: int = 0
+    fill: Fill | None = None
 
     @property
     def batch_size(self) -> int:
         return len(self.rows)
 
-    @property
-    def max_q(self) -> int:
-        return len(self.positions[0]) if self.positions else 0
-
     def padded(self, batch_size: int) -> StepInput:
-        """Pad with dummy requests up to a graph bucket's batch size."""
+        """Pad with dummy requests (row 0, no valid tokens) up to a graph bucket's size."""
         extra = batch_size - self.batch_size
         if extra < 0:
             raise ValueError(f"batch of {self.batch_size} does not fit bucket {batch_size}")
         if extra == 0:
             return self
-        mq = self.max_q
-        zeros = [[0] * mq for _ in range(extra)]
+        prompts = None
+        if self.prompt_ids is not None:
+            prompts = self.prompt_ids + [[0] * self.max_q for _ in range(extra)]
         return StepInput(
             self.forward_mode,
             self.rows + [0] * extra,
-            self.positions + zeros,
-            self.out_cache_loc + zeros,
-            self.input_ids + [[0] * mq for _ in range(extra)],
-            self.sample_index + [0] * extra,
-            self.draft_ids,
+            self.q_lens + [0] * extra,
+            self.max_q,
+            prompts,
+            self.offset,
+            self.fill,
         )
 
 
@@ -68,24 +71,29 @@ class ForwardBatch:
     batch_size: int
     max_q: int
     req_pool_indices: torch.Tensor  # [bs]
+    q_lens: torch.Tensor  # [bs]
     positions: torch.Tensor  # [bs, max_q]
     out_cache_loc: torch.Tensor  # [bs, max_q]
     input_ids: torch.Tensor  # [bs, max_q]
-    sample_index: torch.Tensor  # [bs]
+    features: torch.Tensor  # [bs, max_q, hidden] (models that take them: the EAGLE drafter)
+    host: StepInput | None = None
+    """The step on the host, for out-graph inits that plan from host data (flashinfer)."""
 
 
 class StaticBatch:
     """Flat device buffers with room for ``capacity`` tokens; views stay contiguous."""
 
-    def __init__(self, device: torch.device, max_bs: int, capacity: int) -> None:
-        long = dict(dtype=torch.int64, device=device)
+    def __init__(
+        self, device: torch.device, max_bs: int, capacity: int, hidden: int, dtype: torch.dtype
+    ) -> None:
         self.max_bs = max_bs
         self.capacity = capacity
-        self.rows = torch.zeros(max_bs, **long)  # type: ignore[arg-type]
-        self.sample_index = torch.zeros(max_bs, **long)  # type: ignore[arg-type]
-        self.positions = torch.zeros(capacity, **long)  # type: ignore[arg-type]
-        self.out_cache_loc = torch.zeros(capacity, **long)  # type: ignore[arg-type]
-        self.input_ids = torch.zeros(capacity, **long)  # type: ignore[arg-type]
+        self.rows = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.q_lens = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.out_cache_loc = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.input_ids = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.features = torch.zeros(capacity, hidden, dtype=dtype, device=device)
 
     def view(self, mode: ForwardMode, bs: int, mq: int) -> ForwardBatch:
         if bs > self.max_bs or bs * mq > self.capacity:
@@ -99,8 +107,26 @@ class StaticBatch:
             bs,
             mq,
             self.rows[:bs],
+            self.q_lens[:bs],
             self.positions[:n].view(bs, mq),
             self.out_cache_loc[:n].view(bs, mq),
             self.input_ids[:n].view(bs, mq),
-            self.sample_index[:bs],
+            self.features[:n].view(bs, mq, -1),
         )
+
+
+class RowState:
+    """Per-row state that only the forward stream writes: what the next forward continues from.
+
+    ``kv_len``: positions whose KV is committed (the next input token sits at ``kv_len``);
+    ``token``: that next input token; ``feature``: the target's last hidden state (it predicted
+    ``token``); ``drafts``: the speculative drafter's proposals for the next verify.
+    """
+
+    def __init__(
+        self, device: torch.device, rows: int, hidden: int, dtype: torch.dtype, max_draft: int
+    ) -> None:
+        self.kv_len = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.token = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.feature = torch.zeros(rows, hidden, dtype=dtype, device=device)
+        self.drafts = torch.zeros(rows, max(max_draft, 1), dtype=torch.int64, device=device)

@@ -15,7 +15,10 @@ class EagerRunner:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.static = StaticBatch(runner.device.torch_device, runner.max_bs, runner.capacity)
+        cfg = runner.model.cfg
+        self.static = StaticBatch(
+            runner.device.torch_device, runner.max_bs, runner.capacity, cfg.hidden, cfg.dtype
+        )
         self._keys: dict[ForwardMode, DecisionKey] = {}
 
     def run(self, step: StepInput) -> StepOutput:
@@ -23,7 +26,7 @@ class EagerRunner:
         mode = step.forward_mode
         key = self._keys.get(mode)
         if key is None:
-            key: DecisionKey = (runner_kind_for(mode), r.backend, mode, r.context, Execution.EAGER)
+            key: DecisionKey = (runner_kind_for(mode, draft=r.draft), r.backend, mode, r.context, Execution.EAGER)
             self._keys[mode] = key
         point = r.decisions[key].record_point
         fb = self.static.view(mode, step.batch_size, step.max_q)

@@ -38,7 +38,14 @@ class GraphRunner:
         self.mode = mode
         self.max_q = max_q
         self.buckets = sorted(buckets)
-        self.static = StaticBatch(runner.device.torch_device, self.buckets[-1], self.buckets[-1] * max_q)
+        cfg = runner.model.cfg
+        self.static = StaticBatch(
+            runner.device.torch_device,
+            self.buckets[-1],
+            self.buckets[-1] * max_q,
+            cfg.hidden,
+            cfg.dtype,
+        )
         # One persistent external event: each replay's node re-arms it, and a wait issued right
         # after a replay binds to that replay's node.
         self.read_done_event = runner.device.new_event(external=True)
@@ -51,7 +58,7 @@ class GraphRunner:
     def _capture(self, bucket: int, plant_node: bool) -> None:
         r, dev = self.runner, self.runner.device
         fb = self.static.view(self.mode, bucket, self.max_q)
-        dummy = _dummy_step(self.mode, bucket, self.max_q)
+        dummy = StepInput(self.mode, [], [], self.max_q).padded(bucket)
         with dev.use_stream(r.forward_stream):
             r.load_batch(dummy, fb, in_capture=True)
             r.in_graph_init(fb)  # warm-up: same body, no node
@@ -67,7 +74,7 @@ class GraphRunner:
         self.graphs[bucket] = graph
         self.node_planted[bucket] = planted
         execution = Execution.GRAPH_PLANTED if planted else Execution.GRAPH_UNPLANTED
-        key: DecisionKey = (runner_kind_for(self.mode), r.backend, self.mode, r.context, execution)
+        key: DecisionKey = (runner_kind_for(self.mode, draft=r.draft), r.backend, self.mode, r.context, execution)
         self.keys[bucket] = key
         _ = r.decisions[key]  # resolve at capture time, not on the first replay
 
@@ -83,6 +90,7 @@ class GraphRunner:
         return (
             step.forward_mode is self.mode
             and step.max_q == self.max_q
+            and step.prompt_ids is None
             and step.batch_size <= self.buckets[-1]
         )
 
@@ -102,7 +110,3 @@ class GraphRunner:
             r.publish_fresh()
         return r.emit(step, fb, point)
 
-
-def _dummy_step(mode: ForwardMode, bs: int, mq: int) -> StepInput:
-    zeros = [[0] * mq for _ in range(bs)]
-    return StepInput(mode, [0] * bs, zeros, zeros, [[0] * mq for _ in range(bs)], [0] * bs)

@@ -1,0 +1,73 @@
+"""The dflash block drafter for warcore's reference engine (seeded, tiny, on the target's device).
+
+One non-causal pass drafts a whole block: the context token (the row's next input token plus a
+projection of the target hidden state that predicted it) and ``k`` mask tokens attend to each
+other without a causal mask, then the target's LM head reads the mask positions. It reads no
+scheduler-shared buffer, so it never moves a read-done point. ``dspark`` adds a low-rank
+previous-token logit bias (the "Markov head"), which makes the block's argmax sequential.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from warcore.engine.model import TinyLlama, rms_norm
+
+if TYPE_CHECKING:
+    from warcore.runners.batch import RowState
+
+__all__ = ["BlockDrafter"]
+
+
+class BlockDrafter:
+    def __init__(
+        self,
+        target: TinyLlama,
+        num_draft: int,
+        device: torch.device,
+        *,
+        markov_rank: int = 0,
+        seed: int = 7,
+    ) -> None:
+        cfg = target.cfg
+        hidden = cfg.hidden
+        gen = torch.Generator().manual_seed(seed)
+
+        def w(*shape: int, scale: float | None = None) -> torch.Tensor:
+            s = shape[0] ** -0.5 if scale is None else scale
+            return (torch.randn(*shape, generator=gen, dtype=cfg.dtype) * s).to(device)
+
+        self.num_draft = num_draft
+        # DFlash drafters share the target's embedding and LM head.
+        self.embedding = target.embedding
+        self.lm_head = target.lm_head
+        self.mask_embedding = w(num_draft, hidden, scale=0.02)
+        self.w_ctx = w(hidden, hidden)
+        self.wq, self.wk, self.wv, self.wo = (w(hidden, hidden) for _ in range(4))
+        self.w_up, self.w_down = w(hidden, 2 * hidden), w(2 * hidden, hidden)
+        self.markov_u = w(cfg.vocab_size, markov_rank) if markov_rank else None
+        self.markov_v = w(markov_rank, cfg.vocab_size) if markov_rank else None
+
+    def propose(self, rows: torch.Tensor, state: RowState) -> None:
+        """Write ``num_draft`` proposals for each row into ``state.drafts`` (device work)."""
+        token = state.token[rows]
+        ctx = self.embedding[token] + state.feature[rows] @ self.w_ctx
+        bs, k = token.shape[0], self.num_draft
+        x = torch.cat((ctx.unsqueeze(1), self.mask_embedding.expand(bs, k, -1)), dim=1)
+        q, key, v = x @ self.wq, x @ self.wk, x @ self.wv
+        attn = torch.softmax(q @ key.transpose(1, 2) * x.shape[-1] ** -0.5, dim=-1) @ v
+        x = x + attn @ self.wo
+        x = x + torch.nn.functional.silu(x @ self.w_up) @ self.w_down
+        logits = rms_norm(x[:, 1:], torch.ones_like(x[0, 0])) @ self.lm_head  # [bs, k, vocab]
+        if self.markov_u is None or self.markov_v is None:
+            drafts = logits.argmax(-1)
+        else:
+            drafts = torch.empty(bs, k, dtype=torch.int64, device=token.device)
+            prev = token
+            for j in range(k):
+                bias = self.markov_u[prev] @ self.markov_v
+                prev = (logits[:, j] + bias).argmax(-1)
+                drafts[:, j] = prev
+        state.drafts[rows, :k] = drafts

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU checks, in one bounded run (< 5 minutes on one H100/H200): the CUDA-marked tests, then
+# the reference engine on the cuda device. Needs the set-up of scripts/setup.sh and a CUDA torch.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+[ -x "$PY" ] || PY=python3
+status=0
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('cuda', torch.version.cuda, torch.cuda.get_device_name())" || exit 1
+timeout 200 "$PY" -m pytest -q -m cuda tests/ || status=1
+timeout 60 "$PY" -m warcore run --device cuda --requests 64 --progress never || status=1
+timeout 60 "$PY" -m warcore run --device cuda --backend trtllm_mha --requests 64 --progress never || status=1
+if "$PY" -c "import flashinfer" 2>/dev/null; then
+  timeout 90 "$PY" -m warcore run --device cuda --backend flashinfer --dtype float16 --requests 64 --progress never || status=1
+else
+  echo "flashinfer not installed: skipped its run"
+fi
+exit $status

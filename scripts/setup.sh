@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Create or refresh .venv: Python >= 3.10, torch (installed only when it is not importable, and
+# then pinned), warcore and its three plugins in editable mode, and the test tools.
+# Idempotent: when nothing it installs from has changed, a rerun takes a second or two.
+#
+#   WARCORE_TORCH_INDEX_URL  index to take torch==2.13.0 from (e.g. a CPU-only wheel index);
+#                            unset: pip's configured indexes.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+VENV=.venv
+PY=$VENV/bin/python
+PLUGINS=(plugins/trtllm_mha plugins/deepseek_v4 plugins/dflash)
+TORCH_PIN="torch==2.13.0"
+
+say() { echo "setup: $*" >&2; }
+
+if [[ ! -x $PY ]]; then
+  base=$(command -v python3.11 || command -v python3 || true)
+  [[ -n $base ]] || { say "no python3.11 or python3 on PATH"; exit 1; }
+  say "creating $VENV with $base"
+  "$base" -m venv "$VENV"
+fi
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || { say "$PY is older than Python 3.10"; exit 1; }
+
+pip() { "$PY" -m pip --disable-pip-version-check "$@"; }
+
+# Never let pip pick a torch: an unpinned one can be a multi-GB CUDA build, or replace a
+# working install. Only install the pinned one where none is importable.
+if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+  say "installing $TORCH_PIN"
+  pip install -q ${WARCORE_TORCH_INDEX_URL:+--index-url "$WARCORE_TORCH_INDEX_URL"} "$TORCH_PIN"
+fi
+
+# Skip the editable installs when the metadata they come from is unchanged since the last
+# successful run from this checkout (editable installs need no reinstall for code changes).
+stamp=$VENV/.warcore-setup
+want=$( { pwd; cat pyproject.toml "${PLUGINS[@]/%//pyproject.toml}" "$0"; } | sha256sum | cut -d' ' -f1)
+if [[ -f $stamp && $(cat "$stamp") == "$want" ]] \
+  && "$PY" -c 'import warcore, warcore_trtllm_mha, warcore_deepseek_v4, warcore_dflash, pytest, hypothesis, numpy' 2>/dev/null \
+  && [[ -x $VENV/bin/ruff && -x $VENV/bin/mypy && -x $VENV/bin/warcore ]]; then
+  say "up to date"
+  exit 0
+fi
+
+say "installing warcore and its plugins (editable) and the test tools"
+editables=(-e ".[test]")
+for plugin in "${PLUGINS[@]}"; do editables+=(-e "$plugin"); done
+pip install -q "${editables[@]}"
+echo "$want" >"$stamp"
+say "done: $("$PY" -c 'import torch, warcore; print("torch", torch.__version__, "/ warcore", warcore.__version__)')"

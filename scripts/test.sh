@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The tests: set up, then lint, type-check and run pytest. Every step runs; the exit status is
+# non-zero if any failed. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+scripts/setup.sh
+
+# The plugin packages, not the *.egg-info folders an editable install leaves beside them.
+plugin_packages=()
+for init in plugins/*/warcore_*/__init__.py; do plugin_packages+=("$(dirname "$init")"); done
+
+failed=()
+.venv/bin/ruff check warcore plugins tests || failed+=(ruff)
+.venv/bin/mypy warcore "${plugin_packages[@]}" || failed+=(mypy)
+.venv/bin/pytest -q "$@" || failed+=(pytest)
+
+if ((${#failed[@]})); then
+  echo "test.sh: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "test.sh: all passed" >&2

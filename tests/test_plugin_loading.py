@@ -1,0 +1,423 @@
+"""Plugin loading and resolution through real entry-point metadata.
+
+Each fake plugin is a real distribution as far as ``importlib.metadata`` can tell: a module plus
+a ``<name>-<version>.dist-info/`` folder with ``METADATA`` and ``entry_points.txt``, in a folder
+put on ``sys.path`` (in process) or ``PYTHONPATH`` (``warcore`` run as a subprocess). Nothing
+here calls ``register`` to install a plugin; the installed real plugins load alongside.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from warcore.core import (
+    BoundaryContext,
+    DuplicateNameError,
+    Execution,
+    ForwardMode,
+    LoaderConfig,
+    PluginInfo,
+    PluginLoadError,
+    RecordPoint,
+    RunnerKind,
+    SharedReadBoundary,
+    WarcorePluginManager,
+    get_decision_cache,
+    get_plugin_manager,
+    get_registry,
+    reset_plugin_manager,
+    resolve_shared_read_boundary,
+    resolve_war_publish_phase,
+)
+
+REAL_PLUGINS = {"trtllm_mha", "deepseek_v4", "dflash"}
+
+# Module bodies of the fake plugins.
+DECLARES = """
+import warcore
+from warcore import ForwardMode, SharedReadBoundary
+
+
+@warcore.hookimpl
+def warcore_shared_read_boundary(backend, forward_mode, context):
+    if backend == "torch_native" and forward_mode is ForwardMode.EXTEND:
+        return SharedReadBoundary.{boundary}
+    return None
+"""
+RAISES_ON_IMPORT = "raise RuntimeError('boom at import')\n"
+
+
+@dataclass
+class FakeDists:
+    root: Path
+
+    def add(self, entry: str, source: str, *, dist: str | None = None, version: str = "1.0") -> str:
+        """Install a fake distribution whose ``warcore`` entry point ``entry`` is a module."""
+        dist = dist or f"warcore-fake-{entry.replace('_', '-')}"
+        module = f"_wcfake_{entry}"
+        (self.root / f"{module}.py").write_text(textwrap.dedent(source))
+        info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[warcore]\n{entry} = {module}\n")
+        importlib.invalidate_caches()
+        return module
+
+    def env(self, **variables: str) -> dict[str, str]:
+        """A subprocess environment that sees these distributions and no stray WARCORE_*."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
+        env.update(variables)
+        return env
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
+    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
+        monkeypatch.delenv(var)
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    reset_plugin_manager()
+    yield FakeDists(root)
+    reset_plugin_manager()
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "") or "").startswith(str(root)):
+            del sys.modules[name]
+
+
+def _load(config: LoaderConfig | None = None) -> WarcorePluginManager:
+    pm = WarcorePluginManager(config or LoaderConfig())
+    pm.load_entry_points()  # None: importlib.metadata's real entry points
+    return pm
+
+
+def _info(pm: WarcorePluginManager, name: str) -> PluginInfo:
+    matches = [i for i in pm.plugin_infos if i.name == name]
+    assert len(matches) == 1, pm.plugin_infos
+    return matches[0]
+
+
+def _warcore(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "warcore", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# -- failure isolation ---------------------------------------------------------------------
+
+
+def test_plugin_failing_at_import_is_listed_and_others_load(
+    fake: FakeDists, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.add("broken", RAISES_ON_IMPORT, dist="warcore-fake-broken", version="0.3")
+    fake.add("good", DECLARES.format(boundary="PRE_REPLAY"))
+    with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
+        pm = _load()
+    broken = _info(pm, "broken")
+    assert broken.status == "failed"
+    assert broken.distribution == "warcore-fake-broken" and broken.version == "0.3"
+    assert broken.error == "RuntimeError: boom at import"
+    assert _info(pm, "good").status == "active"
+    assert _info(pm, "good").version == "1.0"
+    for name in REAL_PLUGINS:  # sorted after "broken", so they prove loading went on
+        assert _info(pm, name).status == "active"
+    warnings = [r.getMessage() for r in caplog.records if "broken" in r.getMessage()]
+    assert len(warnings) == 1 and "boom at import" in warnings[0]
+    resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=pm)
+    assert (resolved.boundary, resolved.source) == (SharedReadBoundary.PRE_REPLAY, "plugin:good")
+
+
+def test_strict_mode_raises_naming_the_plugin(fake: FakeDists) -> None:
+    fake.add("broken", RAISES_ON_IMPORT)
+    config = LoaderConfig.from_env({"WARCORE_STRICT_PLUGINS": "1"})
+    assert config.strict
+    with pytest.raises(PluginLoadError, match=r"'broken'.*boom at import"):
+        _load(config)
+
+
+def test_strict_mode_from_the_cli_fails_loudly(fake: FakeDists) -> None:
+    fake.add("broken", RAISES_ON_IMPORT)
+    result = _warcore("plugins", env=fake.env(WARCORE_STRICT_PLUGINS="1"))
+    assert result.returncode == 1
+    assert "'broken'" in result.stderr and "boom at import" in result.stderr
+
+
+def test_misspelled_hook_fails_that_plugin_naming_plugin_and_hook(fake: FakeDists) -> None:
+    fake.add(
+        "typo",
+        """
+        import warcore
+        from warcore import SharedReadBoundary
+
+
+        @warcore.hookimpl
+        def warcore_shared_read_boundry(backend, forward_mode, context):
+            return SharedReadBoundary.PRE_REPLAY
+
+
+        @warcore.hookimpl
+        def warcore_is_war_publish_phase(algorithm, forward_mode):
+            return True
+        """,
+    )
+    pm = _load()
+    typo = _info(pm, "typo")
+    assert typo.status == "failed"
+    assert "'typo'" in (typo.error or "") and "'warcore_shared_read_boundry'" in (typo.error or "")
+    # Its correctly spelled hook was not left behind either: only the core answers for eagle.
+    assert not pm.has_plugin("typo")
+    assert resolve_war_publish_phase("eagle", ForwardMode.DECODE, pm=pm).source == "plugin:warcore"
+
+
+def test_duplicate_entry_point_name_loads_only_the_first(fake: FakeDists) -> None:
+    fake.add("twin", DECLARES.format(boundary="PRE_REPLAY"), dist="warcore-fake-a")
+    (fake.root / "_wcfake_twin_b.py").write_text("raise AssertionError('second twin imported')\n")
+    info = fake.root / "warcore_fake_b-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: warcore-fake-b\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[warcore]\ntwin = _wcfake_twin_b\n")
+    importlib.invalidate_caches()
+    pm = _load()
+    twins = [i for i in pm.plugin_infos if i.name == "twin"]
+    assert [t.status for t in twins] == ["active", "failed"]
+    assert "'warcore-fake-a'" in (twins[1].error or "")
+    assert "'warcore-fake-b'" in (twins[1].error or "")
+
+
+# -- environment controls ------------------------------------------------------------------
+
+
+def test_empty_allowlist_loads_none(fake: FakeDists, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = fake.root / "imported.txt"
+    fake.add("spy", f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.setenv("WARCORE_PLUGINS", "")
+    pm = get_plugin_manager()  # the process-wide manager, built from the environment
+    active = {i.name for i in pm.plugin_infos if i.status == "active"}
+    assert active == {"warcore"}  # the core's own built-ins only
+    for name in REAL_PLUGINS | {"spy"}:
+        assert _info(pm, name).status == "disabled"
+        assert "WARCORE_PLUGINS" in (_info(pm, name).error or "")
+    assert not marker.exists()
+    assert "trtllm_mha" not in get_registry(pm).backends
+
+
+def test_allowlist_matches_entry_point_or_distribution_names(fake: FakeDists) -> None:
+    fake.add("good", DECLARES.format(boundary="PRE_REPLAY"), dist="warcore-fake-good")
+    pm = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore_fake_good, dflash, nosuch"}))
+    assert _info(pm, "good").status == "active"  # by distribution name, normalised
+    assert _info(pm, "dflash").status == "active"  # by entry-point name
+    assert _info(pm, "trtllm_mha").status == "disabled"
+    assert pm.unknown_allowlist_names == ("nosuch",)
+
+
+def test_blocked_plugin_is_never_imported(fake: FakeDists) -> None:
+    marker = fake.root / "imported.txt"
+    module = fake.add(
+        "blocked", f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('imported!')\n"
+    )
+    for blocked in ("blocked", "warcore-fake-blocked"):  # entry-point or distribution name
+        pm = _load(LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": f"{blocked},deepseek_v4"}))
+        info = _info(pm, "blocked")
+        assert info.status == "disabled" and "WARCORE_DISABLE_PLUGINS" in (info.error or "")
+        assert _info(pm, "deepseek_v4").status == "disabled"
+        assert _info(pm, "trtllm_mha").status == "active"
+    assert not marker.exists()
+    assert module not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WARCORE_STRICT_PLUGINS", "maybe"),
+        ("WARCORE_FORCE_COARSE", "2"),
+        ("WARCORE_PLUGINS", "good plugin"),
+        ("WARCORE_DISABLE_PLUGINS", "a;b"),
+    ],
+)
+def test_malformed_environment_is_an_error_naming_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(ValueError, match=variable):
+        LoaderConfig.from_env({variable: value})
+
+
+def test_force_coarse_makes_every_decision_none(fake: FakeDists) -> None:
+    fake.add("good", DECLARES.format(boundary="PRE_REPLAY"))
+    pm = _load(LoaderConfig.from_env({"WARCORE_FORCE_COARSE": "1"}))
+    assert _info(pm, "good").status == "active"  # plugins still load; nothing publishes
+    registry = get_registry(pm)
+    cache = get_decision_cache(pm)
+    for backend in registry.backends:
+        for algorithm in registry.algorithms:
+            for kind in RunnerKind:
+                for mode in ForwardMode:
+                    for execution in Execution:
+                        key = (kind, backend, mode, BoundaryContext(algorithm), execution)
+                        decision = cache[key]
+                        assert decision.record_point is RecordPoint.NONE, key
+                        assert decision.source == "forced-coarse", key
+
+
+# -- resolution: failures and conflicts ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("raise ValueError('cannot decide')", "ValueError: cannot decide"),
+        ("return 'PRE_REPLAY'", "returned 'PRE_REPLAY' (str)"),
+    ],
+)
+def test_failing_or_mistyped_hookimpl_counts_as_unknown(
+    fake: FakeDists, body: str, error: str
+) -> None:
+    fake.add("good", DECLARES.format(boundary="PRE_REPLAY"))
+    fake.add(
+        "bad",
+        f"""
+        import warcore
+
+
+        @warcore.hookimpl
+        def warcore_shared_read_boundary(backend, forward_mode, context):
+            {body}
+
+
+        @warcore.hookimpl
+        def warcore_is_war_publish_phase(algorithm, forward_mode):
+            {body}
+        """,
+    )
+    pm = _load()
+    resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=pm)
+    assert resolved.boundary is SharedReadBoundary.UNKNOWN
+    assert resolved.source == "default:failed:bad"
+    assert [(f.plugin, f.hook) for f in resolved.failures] == [
+        ("bad", "warcore_shared_read_boundary")
+    ]
+    assert error in resolved.failures[0].error
+    # Even the contract default gives way: a failing plugin might have meant anything.
+    decode = resolve_shared_read_boundary("torch_native", ForwardMode.DECODE, pm=pm)
+    assert (decode.boundary, decode.source) == (SharedReadBoundary.UNKNOWN, "default:failed:bad")
+    phase = resolve_war_publish_phase("none", ForwardMode.DECODE, pm=pm)
+    assert (phase.publishes, phase.source) == (False, "default:failed:bad")
+
+
+def test_disagreeing_plugins_take_the_latest_and_check_names_both(fake: FakeDists) -> None:
+    fake.add("early", DECLARES.format(boundary="PRE_REPLAY"))
+    fake.add("late", DECLARES.format(boundary="POST_REPLAY"))
+    pm = _load()
+    resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=pm)
+    assert resolved.boundary is SharedReadBoundary.POST_REPLAY
+    assert resolved.source == "default:conflict" and resolved.conflict
+    assert sorted(resolved.answers) == [
+        ("early", SharedReadBoundary.PRE_REPLAY),
+        ("late", SharedReadBoundary.POST_REPLAY),
+    ]
+    result = _warcore("check", env=fake.env())
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if "conflict" in line]
+    assert len(lines) == 1, result.stdout  # one line, not one per algorithm
+    assert "early=PRE_REPLAY" in lines[0] and "late=POST_REPLAY" in lines[0]
+    assert "'torch_native'" in lines[0] and "EXTEND" in lines[0]
+
+
+def test_agreeing_plugins_are_no_conflict(fake: FakeDists) -> None:
+    fake.add("one", DECLARES.format(boundary="PRE_REPLAY"))
+    fake.add("two", DECLARES.format(boundary="PRE_REPLAY"))
+    resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=_load())
+    assert (resolved.boundary, resolved.source) == (SharedReadBoundary.PRE_REPLAY, "plugin:one+two")
+
+
+def test_check_reports_failed_plugins_and_unknown_allowlist_names(fake: FakeDists) -> None:
+    fake.add("broken", RAISES_ON_IMPORT)
+    result = _warcore("check", env=fake.env(WARCORE_PLUGINS="broken,trtllm_mha,nosuch"))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert any("'broken'" in line and "boom at import" in line for line in lines), lines
+    assert any("WARCORE_PLUGINS" in line and "'nosuch'" in line for line in lines), lines
+    assert "ok" not in lines
+
+
+def test_duplicate_backend_names_are_an_error_naming_both(fake: FakeDists) -> None:
+    offers_twin = """
+        import warcore
+
+
+        def _make(**kwargs):
+            raise AssertionError("never built")
+
+
+        @warcore.hookimpl
+        def warcore_attention_backends():
+            return [warcore.BackendSpec("twin", _make, "{who}")]
+        """
+    fake.add("first", offers_twin.format(who="first"), dist="warcore-fake-first")
+    fake.add("second", offers_twin.format(who="second"), dist="warcore-fake-second")
+    registry = get_registry(_load())
+    assert "twin" not in registry.backends and "torch_native" in registry.backends
+    with pytest.raises(DuplicateNameError) as info:
+        registry.backend("twin")
+    assert "first (warcore-fake-first)" in str(info.value)
+    assert "second (warcore-fake-second)" in str(info.value)
+    result = _warcore("check", env=fake.env())
+    assert result.returncode == 1
+    assert "'twin'" in result.stdout and "first (warcore-fake-first)" in result.stdout
+    assert "second (warcore-fake-second)" in result.stdout
+
+
+def test_failing_spec_hook_is_a_registry_problem(fake: FakeDists) -> None:
+    fake.add(
+        "offers_junk",
+        """
+        import warcore
+
+
+        @warcore.hookimpl
+        def warcore_speculative_algorithms():
+            return ["dflash"]
+        """,
+    )
+    registry = get_registry(_load())
+    assert any(
+        "'offers_junk'" in p and "warcore_speculative_algorithms" in p for p in registry.problems
+    )
+    assert "dflash" in registry.algorithms  # the real plugin's offer is unaffected
+
+
+# -- the decision cache follows the plugin set ---------------------------------------------
+
+
+def test_decision_cache_is_invalidated_on_register_and_unregister(fake: FakeDists) -> None:
+    fake.add("snapshot", DECLARES.format(boundary="PRE_REPLAY"))
+    pm = WarcorePluginManager(LoaderConfig())
+    real = [ep for ep in md.entry_points(group="warcore") if ep.name in REAL_PLUGINS]
+    pm.load_entry_points(real)
+    cache = get_decision_cache(pm)
+    key = (
+        RunnerKind.PREFILL,
+        "torch_native",
+        ForwardMode.EXTEND,
+        BoundaryContext("none"),
+        Execution.GRAPH_PLANTED,
+    )
+    assert cache[key].record_point is RecordPoint.NONE
+    pm.load_entry_points(md.entry_points(group="warcore").select(name="snapshot"))
+    assert cache[key].record_point is RecordPoint.PRE_REPLAY
+    assert cache[key].source == "plugin:snapshot"
+    pm.unregister(name="snapshot")
+    assert cache[key].record_point is RecordPoint.NONE

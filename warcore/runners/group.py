@@ -1,0 +1,44 @@
+"""A model runner with its eager and graph sub-runners: the one entry point a worker calls."""
+
+from __future__ import annotations
+
+from warcore.core import ForwardMode
+from warcore.runners._runner import ModelRunner, StepOutput
+from warcore.runners.batch import StepInput
+from warcore.runners.eager import EagerRunner
+from warcore.runners.graph import GraphRunner, default_buckets
+
+__all__ = ["RunnerGroup"]
+
+
+class RunnerGroup:
+    """Runs a step with the captured graph for its mode and width when there is one, eagerly
+    otherwise (prefill always: its shapes change every step)."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        graph_modes: dict[ForwardMode, int],
+        *,
+        use_graphs: bool = True,
+        plant_node: bool = True,
+    ) -> None:
+        self.runner = runner
+        self.eager = EagerRunner(runner)
+        buckets = default_buckets(runner.max_bs)
+        self.graphs = (
+            {
+                mode: GraphRunner(runner, mode, width, buckets, plant_node=plant_node)
+                for mode, width in graph_modes.items()
+            }
+            if use_graphs
+            else {}
+        )
+
+    def run(self, step: StepInput) -> StepOutput:
+        r = self.runner
+        with r.device.use_stream(r.forward_stream):
+            graph = self.graphs.get(step.forward_mode)
+            if graph is not None and graph.can_run(step):
+                return graph.run(step)
+            return self.eager.run(step)
