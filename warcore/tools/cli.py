@@ -26,7 +26,7 @@ from warcore.core import (
     get_plugin_manager,
 )
 from warcore.core._specs import FlagValue
-from warcore.tools import bench_lookup
+from warcore.tools import bench_lookup, run_cmd
 from warcore.tools._inspect import MatrixRow, build_matrix, find_problems
 
 __all__ = ["Command", "main"]
@@ -190,6 +190,21 @@ def _run_bench(args: argparse.Namespace) -> int:
     return _BENCHES[args.bench].run(args)
 
 
+# -- run ---------------------------------------------------------------------------------
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    from warcore.core import DuplicateNameError, UnknownNameError
+    from warcore.device import DeviceError
+
+    flags = dict(_parse_flag(f) for f in args.flag)
+    _plugin_manager()
+    try:
+        return run_cmd.run(args, flags)
+    except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
+        raise _UsageError(str(exc)) from None
+
+
 # -- the table of commands -----------------------------------------------------------------
 
 _COMMANDS: dict[str, Command] = {
@@ -207,7 +222,11 @@ _COMMANDS: dict[str, Command] = {
         _run_check,
     ),
     "bench": Command("micro-benchmarks", _configure_bench, _run_bench),
-    # The engine's commands (run, sanitize) are added here.
+    "run": Command(
+        "serve a seeded request trace with the reference overlap engine and report",
+        run_cmd.configure,
+        _run_run,
+    ),
 }
 
 

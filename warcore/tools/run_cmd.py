@@ -20,6 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loop", default="overlap", help="overlap or serial")
     parser.add_argument("--requests", type=int, default=64, help="requests in the trace")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    parser.add_argument(
+        "--num-draft", type=int, default=4, help="draft tokens per verify (speculative only)"
+    )
     parser.add_argument("--no-graphs", action="store_true", help="run decode eagerly")
     parser.add_argument(
         "--dtype",
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace, flags: dict[str, bool | int | str]) -> int:
         fence=args.fence,
         loop=args.loop,
         use_graphs=not args.no_graphs,
+        num_draft=args.num_draft,
         flags=tuple(sorted(flags.items())),
     )
     trace = synthetic_trace(args.requests, seed=args.seed)
@@ -118,6 +122,11 @@ def format_report(report: RunReport) -> str:
         lines.append(f"    {mode.name:<16} {where:<20} {n}")
     barriers = ", ".join(f"{kind} {n}" for kind, n in sorted(report.barriers.items())) or "-"
     lines.append(f"  barriers        {barriers}")
+    if report.verifies:
+        lines.append(
+            f"  acceptance      {report.mean_accepted:.2f} draft tokens accepted per verify "
+            f"({report.verifies} request-verifies, draft width {cfg.num_draft})"
+        )
     if report.errors:
         lines.append(f"  errors          {len(report.errors)} requests failed")
     if report.matches_serial is not None:

@@ -30,7 +30,7 @@ def _dflash_drafter(target: Any, num_draft: int, device: Any) -> Any:
 def _dspark_drafter(target: Any, num_draft: int, device: Any) -> Any:
     from warcore_dflash.drafter import BlockDrafter
 
-    return BlockDrafter(target, num_draft, device, markov_rank=8)
+    return BlockDrafter(target, num_draft, device, markov=True)
 
 
 @warcore.hookimpl
