@@ -6,13 +6,12 @@ from collections.abc import Iterator
 from functools import cache
 
 import pytest
+from _engine_util import LateReaderPlugin, dense_greedy
 
 import warcore
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.core import LoaderConfig, UnknownNameError, WarcorePluginManager, get_plugin_manager
 from warcore.engine import Engine, EngineConfig, Request, RunReport, synthetic_trace
-
-from _engine_util import LateReaderPlugin, dense_greedy
 
 TRACE = synthetic_trace(64, seed=7)
 
@@ -56,19 +55,22 @@ def test_serial_engine_equals_dense_reference(backend: str) -> None:
 
 def test_fine_fence_publishes_where_declared() -> None:
     trt = run(EngineConfig(backend="trtllm_mha"))
-    assert trt.published[(ForwardMode.DECODE, RecordPoint.IN_GRAPH_NODE)] == trt.forwards[
-        ForwardMode.DECODE
-    ]
-    assert trt.published[(ForwardMode.EXTEND, RecordPoint.PRE_REPLAY)] == trt.forwards[
-        ForwardMode.EXTEND
-    ]
+    assert (
+        trt.published[(ForwardMode.DECODE, RecordPoint.IN_GRAPH_NODE)]
+        == trt.forwards[ForwardMode.DECODE]
+    )
+    assert (
+        trt.published[(ForwardMode.EXTEND, RecordPoint.PRE_REPLAY)]
+        == trt.forwards[ForwardMode.EXTEND]
+    )
     assert trt.barriers["fine"] == sum(trt.forwards.values())
     assert trt.barriers["coarse"] == 0
 
     native = run(EngineConfig(backend="torch_native"))
-    assert native.published[(ForwardMode.EXTEND, RecordPoint.NONE)] == native.forwards[
-        ForwardMode.EXTEND
-    ]
+    assert (
+        native.published[(ForwardMode.EXTEND, RecordPoint.NONE)]
+        == native.forwards[ForwardMode.EXTEND]
+    )
     assert native.barriers["coarse"] == native.forwards[ForwardMode.EXTEND]
     assert native.barriers["fine"] == native.forwards[ForwardMode.DECODE]
 
@@ -163,7 +165,10 @@ def test_the_race_is_real(late_reader_pm: tuple[WarcorePluginManager, LateReader
     assert corrupted, "an early read-done never corrupted a token in 5 runs"
 
     for _ in range(3):
-        assert run(EngineConfig(backend="late_reader", fence="coarse"), requests, pm=pm).outputs == expected
+        assert (
+            run(EngineConfig(backend="late_reader", fence="coarse"), requests, pm=pm).outputs
+            == expected
+        )
 
     plugin.decode_boundary = SharedReadBoundary.POST_REPLAY
     pm.unregister(plugin)  # re-registering invalidates the decision cache

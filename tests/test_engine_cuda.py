@@ -31,9 +31,8 @@ def test_overlap_equals_serial_on_cuda(backend: str, fence: str) -> None:
 
 def test_captured_graph_plants_the_node() -> None:
     with Engine(EngineConfig(), device="cuda") as engine:
-        graph = engine.decode_graph
-        assert graph is not None
-        assert all(graph.node_planted.values())
+        graph = engine.target.graphs[ForwardMode.DECODE]
+        assert graph.node_planted and all(graph.node_planted.values())
         report = engine.run(TRACE)
     decodes = report.forwards[ForwardMode.DECODE]
     assert report.published[(ForwardMode.DECODE, RecordPoint.IN_GRAPH_NODE)] == decodes

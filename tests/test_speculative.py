@@ -105,7 +105,11 @@ class OracleDrafter:
             rows.tolist(), state.kv_len[rows].tolist(), state.token[rows].tolist(), strict=True
         ):
             guess = next(
-                (s[pos + 1 : pos + 1 + k] for s in self.sequences if len(s) > pos and s[pos] == token),
+                (
+                    s[pos + 1 : pos + 1 + k]
+                    for s in self.sequences
+                    if len(s) > pos and s[pos] == token
+                ),
                 [],
             )
             guess = (guess + [0] * k)[:k]
@@ -125,7 +129,9 @@ class OraclePlugin:
         return [warcore.AlgorithmSpec("oracle", "dflash", "test drafter", drafter=make)]
 
     @warcore.hookimpl
-    def warcore_is_war_publish_phase(self, algorithm: str, forward_mode: ForwardMode) -> bool | None:
+    def warcore_is_war_publish_phase(
+        self, algorithm: str, forward_mode: ForwardMode
+    ) -> bool | None:
         if algorithm != "oracle":
             return None
         return forward_mode in (ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND)
@@ -191,7 +197,9 @@ def test_deepseek_verify_declared_early_corrupts_tokens(early: SharedReadBoundar
     for _ in range(5):
         report = run(config, RACE_TRACE, pm=pm)
         assert _points(report, ForwardMode.TARGET_VERIFY) == {
-            RecordPoint.IN_GRAPH_NODE if early is SharedReadBoundary.IN_REPLAY else RecordPoint.PRE_REPLAY
+            RecordPoint.IN_GRAPH_NODE
+            if early is SharedReadBoundary.IN_REPLAY
+            else RecordPoint.PRE_REPLAY
         }
         if report.outputs != expected:
             corrupted = True

@@ -34,7 +34,9 @@ class AttentionBackend(ABC):
         return ()
 
     @abstractmethod
-    def init_forward_metadata_out_graph(self, batch: ForwardBatch, in_capture: bool = False) -> None:
+    def init_forward_metadata_out_graph(
+        self, batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
         """Eager metadata preparation before the replay; may read shared buffers and host data."""
 
     @abstractmethod

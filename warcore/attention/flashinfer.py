@@ -80,15 +80,18 @@ class FlashInferBackend(TorchNativeBackend):
             self._plans[(bs, swa)] = plan
         return plan
 
-    def init_forward_metadata_out_graph(self, batch: ForwardBatch, in_capture: bool = False) -> None:
+    def init_forward_metadata_out_graph(
+        self, batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
         if batch.forward_mode is not ForwardMode.DECODE:
             return super().init_forward_metadata_out_graph(batch, in_capture)
-        if batch.host is None:
-            raise RuntimeError("flashinfer plans from host lengths; the runner gave none")
+        host = None if batch.host is None else batch.host.padded(batch.batch_size)
+        if host is None or host.kv_lens is None:
+            raise RuntimeError("flashinfer plans decode from host lengths; the step has none")
         cfg, pool, bs = self.pool.cfg, self.pool, batch.batch_size
-        lens = [row[0] + 1 for row in batch.host.padded(bs).positions]
+        lens = [n + 1 for n in host.kv_lens]  # the committed positions plus this token
         ctx = pool.max_context
-        rows = batch.host.padded(bs).rows
+        rows = host.rows
         flat = [r * ctx + j for r, n in zip(rows, lens, strict=True) for j in range(n)]
         dev = pool.req_to_token.device
         indptr = torch.tensor([0, *_cumsum(lens)], dtype=torch.int32)
@@ -135,7 +138,7 @@ class FlashInferBackend(TorchNativeBackend):
         k_cache[loc] = k.reshape(-1, *k.shape[2:])
         v_cache[loc] = v.reshape(-1, *v.shape[2:])
         paged = (k_cache.unsqueeze(1), v_cache.unsqueeze(1))  # page size 1, NHD
-        out = self._plan(bs, swa).wrapper.run(q.reshape(bs, *q.shape[2:]), paged)
+        out: torch.Tensor = self._plan(bs, swa).wrapper.run(q.reshape(bs, *q.shape[2:]), paged)
         return out.view(bs, 1, *out.shape[1:])
 
 

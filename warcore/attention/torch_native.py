@@ -64,7 +64,9 @@ class TorchNativeBackend(AttentionBackend):
         self.context = context if context is not None else BoundaryContext()
 
     # -- metadata -------------------------------------------------------------------------
-    def init_forward_metadata_out_graph(self, batch: ForwardBatch, in_capture: bool = False) -> None:
+    def init_forward_metadata_out_graph(
+        self, batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
         """Nothing to prepare eagerly: every shared read happens in the in-graph init."""
 
     def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:

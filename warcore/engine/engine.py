@@ -127,7 +127,9 @@ class Engine:
         )
         self.model = TinyLlama(cfg.model, tdev)
         self.pool = KVPool(cfg.model, tdev, max_reqs=sc.max_running + 1, num_slots=cfg.num_slots)
-        self.rows = RowState(tdev, self.pool.max_reqs, cfg.model.hidden, cfg.model.dtype, self.num_draft)
+        self.rows = RowState(
+            tdev, self.pool.max_reqs, cfg.model.hidden, cfg.model.dtype, self.num_draft
+        )
         self.forward_stream = self.device.new_stream("forward")
         self.schedule_stream = self.device.new_stream("schedule")
         width = self.num_draft + 1
@@ -140,10 +142,14 @@ class Engine:
         if self.family == "none":
             self.worker = PlainWorker(self.target)
         elif self.family == "dflash":
-            drafter = build_drafter(algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev)
+            drafter = build_drafter(
+                algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev
+            )
             self.worker = DflashWorker(self.target, drafter)
         elif self.family == "eagle":
-            draft_model = build_drafter(algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev)
+            draft_model = build_drafter(
+                algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev
+            )
             draft_pool = KVPool(
                 draft_model.cfg,
                 tdev,
@@ -170,7 +176,9 @@ class Engine:
         graph_modes: dict[ForwardMode, int],
     ) -> RunnerGroup:
         cfg, sc = self.config, self.config.scheduler
-        backend = factory(pool=pool, max_bs=sc.max_running, capacity=self.capacity, context=self.context)
+        backend = factory(
+            pool=pool, max_bs=sc.max_running, capacity=self.capacity, context=self.context
+        )
         if not isinstance(backend, AttentionBackend) or backend.name != cfg.backend:
             raise TypeError(
                 f"backend factory for {cfg.backend!r} returned {backend!r}; expected an "
@@ -190,7 +198,9 @@ class Engine:
             name=name,
             draft=name == "draft",
         )
-        return RunnerGroup(runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node)
+        return RunnerGroup(
+            runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node
+        )
 
     @property
     def runners(self) -> list[ModelRunner]:

@@ -35,6 +35,8 @@ class KVPool:
         self.num_slots = num_slots
         self.max_context = cfg.max_context
         self.swa_layers = frozenset(cfg.swa_layers)
+        self.req_to_token: torch.Tensor
+        self.full_to_swa_index_mapping: torch.Tensor
         if share_tables_with is not None:
             self.req_to_token = share_tables_with.req_to_token
             self.full_to_swa_index_mapping = share_tables_with.full_to_swa_index_mapping
@@ -42,7 +44,9 @@ class KVPool:
             self.req_to_token = torch.zeros(
                 max_reqs, cfg.max_context, dtype=torch.int64, device=device
             )
-            self.full_to_swa_index_mapping = torch.zeros(num_slots, dtype=torch.int64, device=device)
+            self.full_to_swa_index_mapping = torch.zeros(
+                num_slots, dtype=torch.int64, device=device
+            )
         kv_shape = (cfg.layers, num_slots, cfg.kv_heads, cfg.head_dim)
         self.k = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)
         self.v = torch.zeros(kv_shape, dtype=cfg.dtype, device=device)

@@ -8,11 +8,11 @@ differences far below any logit gap.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
@@ -48,8 +48,8 @@ class ModelConfig:
 class _Layer:
     def __init__(self, cfg: ModelConfig, gen: torch.Generator, device: torch.device) -> None:
         def w(*shape: int) -> torch.Tensor:
-            scale = shape[0] ** -0.5
-            return (torch.randn(*shape, generator=gen, dtype=cfg.dtype) * scale).to(device)
+            weight = torch.randn(*shape, generator=gen, dtype=cfg.dtype) / math.sqrt(shape[0])
+            return weight.to(device)
 
         self.attn_norm = torch.ones(cfg.hidden, dtype=cfg.dtype, device=device)
         self.wq = w(cfg.hidden, cfg.heads * cfg.head_dim)
@@ -73,13 +73,14 @@ class TinyLlama:
     def __init__(self, cfg: ModelConfig, device: torch.device) -> None:
         self.cfg = cfg
         gen = torch.Generator().manual_seed(cfg.seed)
-        self.embedding = (torch.randn(cfg.vocab_size, cfg.hidden, generator=gen, dtype=cfg.dtype)).to(
-            device
-        )
+        self.embedding = (
+            torch.randn(cfg.vocab_size, cfg.hidden, generator=gen, dtype=cfg.dtype)
+        ).to(device)
         self.layers = [_Layer(cfg, gen, device) for _ in range(cfg.layers)]
         self.final_norm = torch.ones(cfg.hidden, dtype=cfg.dtype, device=device)
         self.lm_head = (
-            torch.randn(cfg.hidden, cfg.vocab_size, generator=gen, dtype=cfg.dtype) * cfg.hidden**-0.5
+            torch.randn(cfg.hidden, cfg.vocab_size, generator=gen, dtype=cfg.dtype)
+            * cfg.hidden**-0.5
         ).to(device)
         half = cfg.head_dim // 2
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
@@ -110,10 +111,12 @@ class TinyLlama:
         attn = backend.forward(i, q, k, v, batch)
         h = h + attn.reshape(bs, mq, cfg.heads * cfg.head_dim) @ p.wo
         x = rms_norm(h, p.mlp_norm)
-        return h + (torch.nn.functional.silu(x @ p.w_gate) * (x @ p.w_up)) @ p.w_down
+        mlp: torch.Tensor = (torch.nn.functional.silu(x @ p.w_gate) * (x @ p.w_up)) @ p.w_down
+        return h + mlp
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return rms_norm(h, self.final_norm) @ self.lm_head
+        logits: torch.Tensor = rms_norm(h, self.final_norm) @ self.lm_head
+        return logits
 
     def sample(self, h: torch.Tensor) -> torch.Tensor:
         """Greedy: the argmax token at every query position, ``[bs, max_q]``."""
@@ -133,4 +136,5 @@ class DraftLlama(TinyLlama):
         ).to(device)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.embedding[batch.input_ids] + batch.features @ self.feature_proj
+        features: torch.Tensor = batch.features @ self.feature_proj
+        return self.embedding[batch.input_ids] + features

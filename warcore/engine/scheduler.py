@@ -144,8 +144,12 @@ class Scheduler:
             # This forward writes positions kv_len .. kv_len + num_draft; kv_len <= kv_bound.
             self._allocate(req, min(req.kv_bound + width, req.kv_needed(self.num_draft)), writes)
         self._write(*writes.lists())
-        mode = ForwardMode.TARGET_VERIFY if self.num_draft else ForwardMode.DECODE
-        step = StepInput(mode, [r.row for r in batch], [width] * len(batch), width)
+        rows = [r.row for r in batch]
+        if self.num_draft:
+            step = StepInput(ForwardMode.TARGET_VERIFY, rows, [width] * len(batch), width)
+        else:  # without speculation the host knows every committed length exactly
+            kv_lens = [r.kv_bound for r in batch]
+            step = StepInput(ForwardMode.DECODE, rows, [1] * len(batch), 1, kv_lens=kv_lens)
         return Scheduled(step, batch)
 
     def _allocate(self, req: Request, positions: int, writes: _Writes) -> None:

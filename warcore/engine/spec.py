@@ -94,7 +94,10 @@ class EagleWorker(PlainWorker):
         self.num_draft = num_draft
         cfg = draft.runner.model.cfg
         self.draft_hidden = torch.zeros(
-            draft.runner.pool.max_reqs, cfg.hidden, dtype=cfg.dtype, device=draft.runner.device.torch_device
+            draft.runner.pool.max_reqs,
+            cfg.hidden,
+            dtype=cfg.dtype,
+            device=draft.runner.device.torch_device,
         )
 
     @property
@@ -105,14 +108,18 @@ class EagleWorker(PlainWorker):
         if step.prompt_ids is not None:
             out = self._target(step)
             self.draft.run(
-                replace(step, forward_mode=ForwardMode.DRAFT_EXTEND, fill=self._prompt_features(out))
+                replace(
+                    step, forward_mode=ForwardMode.DRAFT_EXTEND, fill=self._prompt_features(out)
+                )
             )
         else:
             for j in range(self.num_draft):
                 self._draft_decode(step, j)
             out = self._target(step)
             self.draft.run(
-                replace(step, forward_mode=ForwardMode.DRAFT_EXTEND_V2, fill=self._verify_inputs(out))
+                replace(
+                    step, forward_mode=ForwardMode.DRAFT_EXTEND_V2, fill=self._verify_inputs(out)
+                )
             )
         self.target.runner.commit(out)
         return out

@@ -10,7 +10,7 @@ row and write the dummy slot.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -37,6 +37,9 @@ class StepInput:
     prompt_ids: list[list[int]] | None = None
     offset: int = 0
     fill: Fill | None = None
+    kv_lens: list[int] | None = None
+    """Committed lengths, where the host knows them exactly (decode without speculation);
+    for backends whose out-graph init plans on the host (flashinfer)."""
 
     @property
     def batch_size(self) -> int:
@@ -52,14 +55,12 @@ class StepInput:
         prompts = None
         if self.prompt_ids is not None:
             prompts = self.prompt_ids + [[0] * self.max_q for _ in range(extra)]
-        return StepInput(
-            self.forward_mode,
-            self.rows + [0] * extra,
-            self.q_lens + [0] * extra,
-            self.max_q,
-            prompts,
-            self.offset,
-            self.fill,
+        return replace(
+            self,
+            rows=self.rows + [0] * extra,
+            q_lens=self.q_lens + [0] * extra,
+            prompt_ids=prompts,
+            kv_lens=None if self.kv_lens is None else self.kv_lens + [0] * extra,
         )
 
 

@@ -26,7 +26,13 @@ class EagerRunner:
         mode = step.forward_mode
         key = self._keys.get(mode)
         if key is None:
-            key: DecisionKey = (runner_kind_for(mode, draft=r.draft), r.backend, mode, r.context, Execution.EAGER)
+            key = (
+                runner_kind_for(mode, draft=r.draft),
+                r.backend,
+                mode,
+                r.context,
+                Execution.EAGER,
+            )
             self._keys[mode] = key
         point = r.decisions[key].record_point
         fb = self.static.view(mode, step.batch_size, step.max_q)

@@ -74,7 +74,13 @@ class GraphRunner:
         self.graphs[bucket] = graph
         self.node_planted[bucket] = planted
         execution = Execution.GRAPH_PLANTED if planted else Execution.GRAPH_UNPLANTED
-        key: DecisionKey = (runner_kind_for(self.mode, draft=r.draft), r.backend, self.mode, r.context, execution)
+        key: DecisionKey = (
+            runner_kind_for(self.mode, draft=r.draft),
+            r.backend,
+            self.mode,
+            r.context,
+            execution,
+        )
         self.keys[bucket] = key
         _ = r.decisions[key]  # resolve at capture time, not on the first replay
 
@@ -109,4 +115,3 @@ class GraphRunner:
         elif point is RecordPoint.POST_REPLAY:
             r.publish_fresh()
         return r.emit(step, fb, point)
-

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from warcore.engine import RunReport
+    from warcore.engine import EngineConfig, RunReport
 
 __all__ = ["configure", "format_report", "run"]
 
@@ -98,10 +98,10 @@ def run(args: argparse.Namespace, flags: dict[str, bool | int | str]) -> int:
     return 1 if report.matches_serial is False or report.errors else 0
 
 
-def _serial(config: object) -> object:
+def _serial(config: EngineConfig) -> EngineConfig:
     from dataclasses import replace
 
-    return replace(config, loop="serial", fence="coarse")  # type: ignore[type-var]
+    return replace(config, loop="serial", fence="coarse")
 
 
 def format_report(report: RunReport) -> str:
@@ -117,7 +117,9 @@ def format_report(report: RunReport) -> str:
         + ")",
         "  read-done records (forward mode, record point, forwards):",
     ]
-    for (mode, point), n in sorted(report.published.items(), key=lambda kv: (kv[0][0].name, kv[0][1].value)):
+    for (mode, point), n in sorted(
+        report.published.items(), key=lambda kv: (kv[0][0].name, kv[0][1].value)
+    ):
         where = "none: coarse fence" if not point.publishes else point.value
         lines.append(f"    {mode.name:<16} {where:<20} {n}")
     barriers = ", ".join(f"{kind} {n}" for kind, n in sorted(report.barriers.items())) or "-"

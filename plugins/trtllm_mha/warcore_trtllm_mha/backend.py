@@ -21,7 +21,9 @@ __all__ = ["TrtllmMhaBackend"]
 class TrtllmMhaBackend(TorchNativeBackend):
     name = "trtllm_mha"
 
-    def init_forward_metadata_out_graph(self, batch: ForwardBatch, in_capture: bool = False) -> None:
+    def init_forward_metadata_out_graph(
+        self, batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
         if batch.forward_mode is ForwardMode.EXTEND:
             self.gather_page_table(batch)
 
