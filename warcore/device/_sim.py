@@ -167,6 +167,9 @@ class SimStream(Stream):
                 self._queue.put((seq, item))
 
     def _run(self) -> None:
+        # The intra-op thread count is per thread (OpenMP's ICV): set it in the worker too,
+        # or every op here fans out to all cores and two busy streams spin against each other.
+        torch.set_num_threads(1)
         get = self._queue.get
         device = self._sim_device
         while True:

@@ -3,6 +3,7 @@
 from warcore.engine.engine import FENCES, LOOPS, Engine, EngineConfig, RunReport
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
+from warcore.engine.observe import EngineObserver
 from warcore.engine.requests import Request, synthetic_trace
 from warcore.engine.scheduler import Scheduler, SchedulerConfig
 
@@ -11,6 +12,7 @@ __all__ = [
     "LOOPS",
     "Engine",
     "EngineConfig",
+    "EngineObserver",
     "KVPool",
     "ModelConfig",
     "Request",

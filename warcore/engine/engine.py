@@ -35,6 +35,7 @@ from warcore.core import (
 from warcore.device import Device, get_device
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
+from warcore.engine.observe import EngineObserver
 from warcore.engine.requests import Request
 from warcore.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
 from warcore.engine.spec import DflashWorker, EagleWorker, PlainWorker, Worker, build_drafter
@@ -62,6 +63,12 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_slots: int = 4096
     max_prompt: int = 64
+    schedule_work_s: float = 0.0
+    """Extra scheduler device work per step (a modelled host-to-device copy), for benchmarks."""
+    modelled_layer_s: float = 0.0
+    """Extra device time per model layer that uses no CPU (sim only): makes the tiny CPU
+    forward behave like a GPU's, whose kernels do not compete with the host for the CPU and
+    the GIL. Benchmarks state the value they use; 0 for tests."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -197,6 +204,7 @@ class Engine:
             capacity=self.capacity,
             name=name,
             draft=name == "draft",
+            modelled_layer_s=cfg.modelled_layer_s,
         )
         return RunnerGroup(
             runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node
@@ -221,24 +229,46 @@ class Engine:
         self.forward_stream.wait_stream(self.schedule_stream)  # RAW: read what was written
         return self.worker.launch(scheduled.step)
 
-    def barrier(self) -> None:
-        """WAR fence for the scheduler's next writes (sglang's ``_apply_war_barrier``)."""
+    def barrier(self) -> str:
+        """WAR fence for the scheduler's next writes (sglang's ``_apply_war_barrier``); returns
+        which fence it took."""
         event = self.worker.mailbox.mailbox.take()
         fence = self.config.fence
         if fence == "none":
-            self.barriers["none"] += 1
+            kind = "none"
         elif fence == "fine" and event is not None:
             self.schedule_stream.wait_event(event)
-            self.barriers["fine"] += 1
+            kind = "fine"
         else:
             self.schedule_stream.wait_stream(self.forward_stream)
-            self.barriers["coarse"] += 1
+            kind = "coarse"
+        self.barriers[kind] += 1
+        return kind
 
     # -- the loop -------------------------------------------------------------------------
     def run(
         self,
         requests: list[Request],
         progress: Callable[[int, int], None] | None = None,
+        observer: EngineObserver | None = None,
+    ) -> RunReport:
+        if observer is None:
+            return self._run(requests, progress, _NO_OBSERVER)
+        self.device.set_span_sink(observer.device_span)
+        for runner in self.runners:
+            runner.on_forward = _forward_hook(observer)
+        try:
+            return self._run(requests, progress, observer)
+        finally:
+            self.device.set_span_sink(None)
+            for runner in self.runners:
+                runner.on_forward = None
+
+    def _run(
+        self,
+        requests: list[Request],
+        progress: Callable[[int, int], None] | None,
+        obs: EngineObserver,
     ) -> RunReport:
         reqs = [r.fresh() for r in requests]
         sched = Scheduler(
@@ -248,7 +278,9 @@ class Engine:
             self.schedule_stream,
             self.config.scheduler,
             num_draft=self.num_draft,
+            work_s=self.config.schedule_work_s,
         )
+        clock = time.perf_counter
         serial = self.config.loop == "serial"
         forwards: Counter[ForwardMode] = Counter()
         for runner in self.runners:
@@ -260,26 +292,39 @@ class Engine:
         step = 0
         start = time.perf_counter()
         while not sched.finished_scheduling:
+            t0 = clock()
             scheduled = sched.schedule(step)
+            obs.host_span("schedule", t0, clock(), {"step": step})
             if scheduled is None:
                 if pending is not None:
+                    t0 = clock()
                     stats.collect(sched, *pending)
+                    obs.host_span("collect", t0, clock(), {})
                     pending = None
                     step += 1
                     continue
                 nxt = sched.next_arrival()
                 step = max(step + 1, nxt if nxt is not None else step + 1)
                 continue
+            t0 = clock()
             out = self.launch(scheduled)
             sched.on_launched(scheduled)
-            forwards[scheduled.step.forward_mode] += 1
+            mode = scheduled.step.forward_mode
+            obs.host_span("launch", t0, clock(), {"step": step, "mode": mode.name})
+            forwards[mode] += 1
             if serial:
+                t0 = clock()
                 self.device.synchronize()
                 stats.collect(sched, scheduled, out)
+                obs.host_span("collect", t0, clock(), {})
             else:
-                self.barrier()
+                t0 = clock()
+                kind = self.barrier()
+                obs.barrier(kind, t0)
                 if pending is not None:
+                    t0 = clock()
                     stats.collect(sched, *pending)
+                    obs.host_span("collect", t0, clock(), {})
                 pending = (scheduled, out)
             if progress is not None:
                 progress(stats.tokens, total)
@@ -309,6 +354,16 @@ class Engine:
             verifies=stats.verifies,
             accepted_drafts=stats.accepted,
         )
+
+
+_NO_OBSERVER = EngineObserver()
+
+
+def _forward_hook(observer: EngineObserver) -> Callable[[str, ForwardMode, RecordPoint], None]:
+    def hook(runner: str, mode: ForwardMode, point: RecordPoint) -> None:
+        observer.forward(runner, mode, point, time.perf_counter())
+
+    return hook
 
 
 class _Collected:

@@ -12,7 +12,9 @@ it early, which the scheduler learns when it collects that forward's tokens.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,12 +52,16 @@ class Scheduler:
         schedule_stream: Stream,
         config: SchedulerConfig | None = None,
         num_draft: int = 0,
+        work_s: float = 0.0,
     ) -> None:
+        """``work_s``: extra device work per step on the schedule stream, modelling the
+        host-to-device copies of a real scheduler (see :func:`schedule_work`)."""
         self.config = config or SchedulerConfig()
         self.pool = pool
         self.device = device
         self.stream = schedule_stream
         self.num_draft = num_draft
+        self._extra_work = schedule_work(device, work_s)
         for req in requests:
             need = req.kv_needed(num_draft)
             if need > pool.num_slots - 1 or need > pool.max_context:
@@ -228,6 +234,40 @@ class Scheduler:
 
         with self.device.use_stream(self.stream):
             self.device.launch(write, "schedule_write")
+            if self._extra_work is not None:
+                self.device.launch(self._extra_work, "schedule_copy")
+
+
+def modelled_wait(seconds: float) -> Callable[[], None]:
+    """Stream work that takes ``seconds`` of wall time and no CPU (sim device models)."""
+
+    def wait() -> None:
+        time.sleep(seconds)
+
+    return wait
+
+
+def schedule_work(device: Device, seconds: float) -> Callable[[], None] | None:
+    """Device work that takes ``seconds`` on the schedule stream without using the forward's
+    compute, like a GPU's host-to-device copy on a copy engine: on sim a sleep (no CPU), on
+    CUDA a real pinned copy of ``seconds`` x 25 GB/s bytes."""
+    if seconds < 0:
+        raise ValueError(f"schedule work must be >= 0 seconds, got {seconds}")
+    if seconds == 0:
+        return None
+    if device.name != "cuda":
+        return modelled_wait(seconds)
+    nbytes = max(1, int(seconds * COPY_BANDWIDTH_BYTES_PER_S))
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device.torch_device)
+
+    def copy() -> None:
+        dst.copy_(src, non_blocking=True)
+
+    return copy
+
+
+COPY_BANDWIDTH_BYTES_PER_S = 25e9
 
 
 class _Writes:

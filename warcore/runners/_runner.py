@@ -9,7 +9,9 @@ that decision from the precomputed :class:`~warcore.core.DecisionCache` — neve
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -94,6 +96,7 @@ class ModelRunner:
         capacity: int,
         name: str = "target",
         draft: bool = False,
+        modelled_layer_s: float = 0.0,
     ) -> None:
         self.device = device
         self.forward_stream = forward_stream
@@ -105,6 +108,9 @@ class ModelRunner:
         self.rows = rows
         self.name = name
         self.draft = draft
+        if modelled_layer_s and device.name != "sim":
+            raise ValueError("modelled_layer_s models GPU kernel time on the sim device only")
+        self.modelled_layer_s = modelled_layer_s
         """A draft model's runner: its decode steps never publish (``RunnerKind.DRAFT_DECODE``)."""
         self.max_bs = max_bs
         self.capacity = capacity
@@ -116,6 +122,8 @@ class ModelRunner:
         self.sample_index = torch.zeros(max_bs, dtype=torch.int64, device=tdev)
         self._query_pos = torch.arange(capacity, device=tdev)
         self.published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
+        self.on_forward: Callable[[str, ForwardMode, RecordPoint], None] | None = None
+        """Called at each emit (the engine's observer); ``None`` costs nothing."""
         self._act = _Activations()
 
     def outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,8 +185,12 @@ class ModelRunner:
         def embed() -> None:
             act.h = model.embed(fb)
 
+        pause = self.modelled_layer_s
+
         def layer(i: int) -> None:
             act.h = model.layer(i, act.h, fb, backend)
+            if pause:
+                time.sleep(pause)
 
         def sample_tokens() -> None:
             hidden.copy_(act.h)
@@ -212,6 +224,8 @@ class ModelRunner:
         self.device.launch(copy_out, "emit")
         done = self.forward_stream.record_event()
         self.published[(step.forward_mode, point)] += 1
+        if self.on_forward is not None:
+            self.on_forward(self.name, step.forward_mode, point)
         return StepOutput(step, fb, tokens, sample_host, done, point)
 
     def commit(self, out: StepOutput) -> None:
