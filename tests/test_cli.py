@@ -16,6 +16,8 @@ import pytest
 from warcore.core import reset_plugin_manager
 from warcore.tools import cli
 
+pytestmark = pytest.mark.plugins()
+
 DISTRIBUTIONS = {
     "trtllm_mha": "warcore-trtllm-mha",
     "deepseek_v4": "warcore-deepseek-v4",

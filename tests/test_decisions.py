@@ -36,6 +36,8 @@ from warcore.core import (
     prefill_record_point,
 )
 
+pytestmark = pytest.mark.plugins()
+
 M = ForwardMode
 B = SharedReadBoundary
 P = RecordPoint

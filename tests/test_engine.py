@@ -37,6 +37,8 @@ def test_trace_is_mixed_and_reuses_rows() -> None:
 
 @pytest.mark.parametrize("backend", ["torch_native", "trtllm_mha"])
 @pytest.mark.parametrize("fence", ["fine", "coarse"])
+@pytest.mark.plugins("trtllm_mha")
+@pytest.mark.slow
 def test_overlap_tokens_equal_serial(backend: str, fence: str) -> None:
     report = run(EngineConfig(backend=backend, fence=fence))  # type: ignore[arg-type]
     assert report.rows_reused > 20
@@ -44,6 +46,7 @@ def test_overlap_tokens_equal_serial(backend: str, fence: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["torch_native", "trtllm_mha"])
+@pytest.mark.plugins("trtllm_mha")
 def test_serial_engine_equals_dense_reference(backend: str) -> None:
     requests = synthetic_trace(12, seed=3, output_len=(1, 12))
     with Engine(EngineConfig(backend=backend, loop="serial"), device="sim") as engine:
@@ -53,6 +56,7 @@ def test_serial_engine_equals_dense_reference(backend: str) -> None:
             assert report.outputs[req.rid] == expected, req.rid
 
 
+@pytest.mark.plugins("trtllm_mha")
 def test_fine_fence_publishes_where_declared() -> None:
     trt = run(EngineConfig(backend="trtllm_mha"))
     assert (
@@ -75,11 +79,13 @@ def test_fine_fence_publishes_where_declared() -> None:
     assert native.barriers["fine"] == native.forwards[ForwardMode.DECODE]
 
 
+@pytest.mark.slow
 def test_coarse_fence_never_waits_on_an_event() -> None:
     report = run(EngineConfig(fence="coarse"))
     assert report.barriers == {"coarse": sum(report.forwards.values())}
 
 
+@pytest.mark.slow
 def test_unplanted_graph_records_after_replay() -> None:
     report = run(EngineConfig(plant_node=False))
     decodes = report.forwards[ForwardMode.DECODE]
@@ -87,6 +93,7 @@ def test_unplanted_graph_records_after_replay() -> None:
     assert report.outputs == serial_outputs("torch_native")
 
 
+@pytest.mark.slow
 def test_eager_decode_records_after_in_graph_init() -> None:
     report = run(EngineConfig(use_graphs=False))
     decodes = report.forwards[ForwardMode.DECODE]
@@ -94,6 +101,8 @@ def test_eager_decode_records_after_in_graph_init() -> None:
     assert report.outputs == serial_outputs("torch_native")
 
 
+@pytest.mark.plugins("trtllm_mha")
+@pytest.mark.slow
 def test_force_coarse_publishes_nothing() -> None:
     pm = WarcorePluginManager(LoaderConfig(force_coarse=True))
     pm.load_entry_points()
@@ -124,6 +133,7 @@ def test_replays_never_call_hooks() -> None:
     assert len(calls) == len(set(calls))
 
 
+@pytest.mark.plugins("trtllm_mha")
 def test_unknown_names_list_the_valid_ones() -> None:
     with pytest.raises(UnknownNameError, match="torch_native"):
         Engine(EngineConfig(backend="nope"), device="sim")
@@ -147,6 +157,7 @@ def _late_reader_serial(pm: WarcorePluginManager, requests: list[Request]) -> di
     return run(EngineConfig(backend="late_reader", loop="serial"), requests, pm=pm).outputs
 
 
+@pytest.mark.slow
 def test_the_race_is_real(late_reader_pm: tuple[WarcorePluginManager, LateReaderPlugin]) -> None:
     """Declared IN_REPLAY but read in the last layer: the fine fence lets the scheduler rewrite
     a reused row while the forward still reads it. The coarse fence and the honest POST_REPLAY
@@ -179,6 +190,7 @@ def test_the_race_is_real(late_reader_pm: tuple[WarcorePluginManager, LateReader
         assert report.outputs == expected
 
 
+@pytest.mark.plugins("trtllm_mha")
 def test_default_manager_is_used() -> None:
     report = run(EngineConfig(backend="trtllm_mha"), synthetic_trace(4, seed=1))
     assert report.tokens > 0

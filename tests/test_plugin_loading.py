@@ -122,6 +122,7 @@ def _warcore(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
 # -- failure isolation ---------------------------------------------------------------------
 
 
+@pytest.mark.plugins()
 def test_plugin_failing_at_import_is_listed_and_others_load(
     fake: FakeDists, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -203,6 +204,7 @@ def test_duplicate_entry_point_name_loads_only_the_first(fake: FakeDists) -> Non
 # -- environment controls ------------------------------------------------------------------
 
 
+@pytest.mark.plugins()
 def test_empty_allowlist_loads_none(fake: FakeDists, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = fake.root / "imported.txt"
     fake.add("spy", f"open({str(marker)!r}, 'w').close()\n")
@@ -217,6 +219,7 @@ def test_empty_allowlist_loads_none(fake: FakeDists, monkeypatch: pytest.MonkeyP
     assert "trtllm_mha" not in get_registry(pm).backends
 
 
+@pytest.mark.plugins()
 def test_allowlist_matches_entry_point_or_distribution_names(fake: FakeDists) -> None:
     fake.add("good", DECLARES.format(boundary="PRE_REPLAY"), dist="warcore-fake-good")
     pm = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore_fake_good, dflash, nosuch"}))
@@ -226,6 +229,7 @@ def test_allowlist_matches_entry_point_or_distribution_names(fake: FakeDists) ->
     assert pm.unknown_allowlist_names == ("nosuch",)
 
 
+@pytest.mark.plugins()
 def test_blocked_plugin_is_never_imported(fake: FakeDists) -> None:
     marker = fake.root / "imported.txt"
     module = fake.add(
@@ -343,6 +347,7 @@ def test_agreeing_plugins_are_no_conflict(fake: FakeDists) -> None:
     assert (resolved.boundary, resolved.source) == (SharedReadBoundary.PRE_REPLAY, "plugin:one+two")
 
 
+@pytest.mark.plugins()
 def test_check_reports_failed_plugins_and_unknown_allowlist_names(fake: FakeDists) -> None:
     fake.add("broken", RAISES_ON_IMPORT)
     result = _warcore("check", env=fake.env(WARCORE_PLUGINS="broken,trtllm_mha,nosuch"))
@@ -380,6 +385,7 @@ def test_duplicate_backend_names_are_an_error_naming_both(fake: FakeDists) -> No
     assert "second (warcore-fake-second)" in result.stdout
 
 
+@pytest.mark.plugins()
 def test_failing_spec_hook_is_a_registry_problem(fake: FakeDists) -> None:
     fake.add(
         "offers_junk",
@@ -402,6 +408,7 @@ def test_failing_spec_hook_is_a_registry_problem(fake: FakeDists) -> None:
 # -- the decision cache follows the plugin set ---------------------------------------------
 
 
+@pytest.mark.plugins()
 def test_decision_cache_is_invalidated_on_register_and_unregister(fake: FakeDists) -> None:
     fake.add("snapshot", DECLARES.format(boundary="PRE_REPLAY"))
     pm = WarcorePluginManager(LoaderConfig())

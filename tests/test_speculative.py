@@ -15,6 +15,8 @@ from warcore.core import LoaderConfig, WarcorePluginManager
 from warcore.engine import Engine, EngineConfig, Request, RunReport, synthetic_trace
 from warcore.runners import RowState
 
+pytestmark = pytest.mark.plugins()
+
 TRACE = synthetic_trace(32, seed=21, output_len=(2, 24))
 
 
@@ -41,6 +43,7 @@ COMBINATIONS = [
 
 
 @pytest.mark.parametrize(("algorithm", "backend"), COMBINATIONS)
+@pytest.mark.slow
 def test_overlap_fine_fence_is_lossless(algorithm: str, backend: str) -> None:
     report = run(EngineConfig(backend=backend, algorithm=algorithm))
     assert report.verifies > 0
@@ -79,6 +82,7 @@ def test_each_step_publishes_at_its_last_shared_read(
         assert report.barriers["fine"] == verifies
 
 
+@pytest.mark.slow
 def test_eagle_with_the_nccl_flag_records_draft_extend_after_replay() -> None:
     flags = (("nccl_allgather_in_overlap", True),)
     report = run(EngineConfig(backend="trtllm_mha", algorithm="eagle", flags=flags))
@@ -189,6 +193,7 @@ RACE_TRACE = synthetic_trace(32, seed=4, output_len=(2, 10))
 
 
 @pytest.mark.parametrize("early", [SharedReadBoundary.IN_REPLAY, SharedReadBoundary.PRE_REPLAY])
+@pytest.mark.slow
 def test_deepseek_verify_declared_early_corrupts_tokens(early: SharedReadBoundary) -> None:
     expected = run(EngineConfig(loop="serial"), RACE_TRACE).outputs
     config = EngineConfig(backend="deepseek_v4", algorithm="dflash")
@@ -207,6 +212,7 @@ def test_deepseek_verify_declared_early_corrupts_tokens(early: SharedReadBoundar
     assert corrupted, f"declaring deepseek_v4 verify {early.name} never corrupted a token"
 
 
+@pytest.mark.slow
 def test_deepseek_verify_post_replay_never_corrupts() -> None:
     expected = run(EngineConfig(loop="serial"), RACE_TRACE).outputs
     config = EngineConfig(backend="deepseek_v4", algorithm="dflash")

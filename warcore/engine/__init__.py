@@ -1,6 +1,6 @@
 """The reference overlap engine: tiny model, KV pool, scheduler, overlap loop."""
 
-from warcore.engine.engine import FENCES, LOOPS, Engine, EngineConfig, RunReport
+from warcore.engine.engine import FENCES, LOOPS, Engine, EngineConfig, EngineFailed, RunReport
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
@@ -12,6 +12,7 @@ __all__ = [
     "LOOPS",
     "Engine",
     "EngineConfig",
+    "EngineFailed",
     "EngineObserver",
     "KVPool",
     "ModelConfig",

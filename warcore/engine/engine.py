@@ -32,7 +32,7 @@ from warcore.core import (
     get_plugin_manager,
     get_registry,
 )
-from warcore.device import Device, get_device
+from warcore.device import Device, DeviceError, get_device
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
@@ -41,12 +41,16 @@ from warcore.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
 from warcore.engine.spec import DflashWorker, EagleWorker, PlainWorker, Worker, build_drafter
 from warcore.runners import ModelRunner, RowState, RunnerGroup, StepOutput
 
-__all__ = ["Engine", "EngineConfig", "FENCES", "LOOPS", "RunReport"]
+__all__ = ["FENCES", "LOOPS", "Engine", "EngineConfig", "EngineFailed", "RunReport"]
 
 Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
 LOOPS: tuple[Loop, ...] = ("overlap", "serial")
+
+
+class EngineFailed(RuntimeError):
+    """The engine was asked to run after a device fault stopped it."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class RunReport:
     verifies: int = 0
     """Request-verifies: one per request per target verify."""
     accepted_drafts: int = 0
+    stopped: str | None = None
+    """The device fault that stopped the run, if one did."""
     matches_serial: bool | None = None
 
     @property
@@ -173,6 +179,7 @@ class Engine:
                 "runs the families none, eagle and dflash"
             )
         self.barriers: Counter[str] = Counter()
+        self.failure: DeviceError | None = None
 
     def _group(
         self,
@@ -270,6 +277,11 @@ class Engine:
         progress: Callable[[int, int], None] | None,
         obs: EngineObserver,
     ) -> RunReport:
+        if self.failure is not None:
+            raise EngineFailed(
+                f"this engine stopped after a device fault ({self.failure}); device errors are "
+                "sticky, as on a GPU: build a new Engine"
+            )
         reqs = [r.fresh() for r in requests]
         sched = Scheduler(
             reqs,
@@ -280,38 +292,71 @@ class Engine:
             num_draft=self.num_draft,
             work_s=self.config.schedule_work_s,
         )
-        clock = time.perf_counter
-        serial = self.config.loop == "serial"
-        forwards: Counter[ForwardMode] = Counter()
         for runner in self.runners:
             runner.published.clear()
         self.barriers.clear()
-        stats = _Collected()
-        pending: tuple[Scheduled, StepOutput] | None = None
-        total = sum(r.max_new_tokens for r in reqs)
-        step = 0
+        stats = _Collected(sum(r.max_new_tokens for r in reqs), progress)
         start = time.perf_counter()
+        stopped = None
+        try:
+            self._loop(sched, stats, obs)
+            self.device.synchronize()
+        except DeviceError as exc:
+            # A device fault is sticky: nothing launched after it runs, and every event still
+            # completes, so no wait hangs. Stop here; finished requests keep their tokens.
+            self.failure = exc
+            stopped = str(exc)
+            for req in reqs:
+                if not req.done:
+                    req.error = f"engine stopped: {exc}"
+        elapsed = time.perf_counter() - start
+        stats.report_progress()
+        published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
+        for runner in self.runners:
+            published.update(runner.published)
+        return RunReport(
+            config=self.config,
+            device=self.device.name,
+            requests=len(reqs),
+            tokens=sum(len(r.output) for r in reqs),
+            elapsed_s=elapsed,
+            steps=stats.steps,
+            forwards=stats.forwards,
+            published=published,
+            barriers=Counter(self.barriers),
+            outputs={r.rid: list(r.output) for r in reqs},
+            errors={r.rid: r.error for r in reqs if r.error is not None},
+            rows_reused=sched.rows_reused,
+            verifies=stats.verifies,
+            accepted_drafts=stats.accepted,
+            stopped=stopped,
+        )
+
+    def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:
+        clock = time.perf_counter
+        serial = self.config.loop == "serial"
+        pending: tuple[Scheduled, StepOutput] | None = None
         while not sched.finished_scheduling:
             t0 = clock()
-            scheduled = sched.schedule(step)
-            obs.host_span("schedule", t0, clock(), {"step": step})
+            scheduled = sched.schedule(stats.steps)
+            obs.host_span("schedule", t0, clock(), {"step": stats.steps})
             if scheduled is None:
                 if pending is not None:
                     t0 = clock()
                     stats.collect(sched, *pending)
                     obs.host_span("collect", t0, clock(), {})
                     pending = None
-                    step += 1
+                    stats.steps += 1
                     continue
                 nxt = sched.next_arrival()
-                step = max(step + 1, nxt if nxt is not None else step + 1)
+                stats.steps = max(stats.steps + 1, nxt if nxt is not None else 0)
                 continue
             t0 = clock()
             out = self.launch(scheduled)
             sched.on_launched(scheduled)
             mode = scheduled.step.forward_mode
-            obs.host_span("launch", t0, clock(), {"step": step, "mode": mode.name})
-            forwards[mode] += 1
+            obs.host_span("launch", t0, clock(), {"step": stats.steps, "mode": mode.name})
+            stats.forwards[mode] += 1
             if serial:
                 t0 = clock()
                 self.device.synchronize()
@@ -326,34 +371,10 @@ class Engine:
                     stats.collect(sched, *pending)
                     obs.host_span("collect", t0, clock(), {})
                 pending = (scheduled, out)
-            if progress is not None:
-                progress(stats.tokens, total)
-            step += 1
+            stats.report_progress()
+            stats.steps += 1
         if pending is not None:
             stats.collect(sched, *pending)
-        self.device.synchronize()
-        elapsed = time.perf_counter() - start
-        if progress is not None:
-            progress(stats.tokens, total)
-        published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
-        for runner in self.runners:
-            published.update(runner.published)
-        return RunReport(
-            config=self.config,
-            device=self.device.name,
-            requests=len(reqs),
-            tokens=sum(len(r.output) for r in reqs),
-            elapsed_s=elapsed,
-            steps=step,
-            forwards=forwards,
-            published=published,
-            barriers=Counter(self.barriers),
-            outputs={r.rid: list(r.output) for r in reqs},
-            errors={r.rid: r.error for r in reqs if r.error is not None},
-            rows_reused=sched.rows_reused,
-            verifies=stats.verifies,
-            accepted_drafts=stats.accepted,
-        )
 
 
 _NO_OBSERVER = EngineObserver()
@@ -367,12 +388,21 @@ def _forward_hook(observer: EngineObserver) -> Callable[[str, ForwardMode, Recor
 
 
 class _Collected:
-    """The host side of results: append each request's accepted tokens, count acceptance."""
+    """The host side of results: append each request's accepted tokens, count steps,
+    forwards and acceptance."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: int, progress: Callable[[int, int], None] | None) -> None:
+        self.total = total
+        self.progress = progress
         self.tokens = 0
+        self.steps = 0
+        self.forwards: Counter[ForwardMode] = Counter()
         self.verifies = 0
         self.accepted = 0
+
+    def report_progress(self) -> None:
+        if self.progress is not None:
+            self.progress(self.tokens, self.total)
 
     def collect(self, sched: Scheduler, scheduled: Scheduled, out: StepOutput) -> None:
         tokens, sample = out.result()  # the host waits for this forward only

@@ -1,0 +1,142 @@
+"""The plugin matrix: the core's tests in real environments holding different plugin sets.
+
+Each cell is its own virtual environment with the distributions installed for real (one cell
+from built wheels, not editable), and runs the core suite (``-m "not slow"``; tests of plugins
+a cell lacks skip themselves) plus tests/test_installed_matrix.py, which checks that
+``warcore plugins --json`` and ``warcore matrix --json`` describe exactly what the cell
+installed. A pluggy axis runs the full cell against the lowest supported and the newest pluggy.
+
+torch is installed once, into ``.nox/_torch``, and every cell sees it through a ``.pth`` file
+written before anything else is installed (so pip finds the requirement satisfied and never
+downloads a multi-GB CUDA build). Run all cells with ``nox -s matrix``, one with
+``nox -s "matrix(cell='none', pluggy='newest')"``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["matrix"]
+nox.options.reuse_existing_virtualenvs = False
+
+ROOT = Path(__file__).parent
+TORCH = "torch==2.13.0"
+TORCH_ENV = ROOT / ".nox" / "_torch"
+PLUGGY = {"lowest": "pluggy==1.5.0", "newest": "pluggy==1.7.0"}
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "numpy"]
+
+PLUGINS = {
+    "trtllm_mha": "plugins/trtllm_mha",
+    "deepseek_v4": "plugins/deepseek_v4",
+    "dflash": "plugins/dflash",
+    "broken_fixture": "tests/fixtures/broken_plugin",
+    "acme": "examples/acme_backend",
+}
+ALL_THREE = ["trtllm_mha", "deepseek_v4", "dflash"]
+CELLS: dict[str, list[str]] = {
+    "none": [],
+    "trtllm_mha": ["trtllm_mha"],
+    "deepseek_v4": ["deepseek_v4"],
+    "dflash": ["dflash"],
+    "all": ALL_THREE,
+    "all-wheels": ALL_THREE,
+    "all-broken": [*ALL_THREE, "broken_fixture"],
+    "acme": ["acme"],
+}
+# The pluggy axis on the full cell; the others use the newest pluggy.
+PARAMS = [(cell, "newest") for cell in CELLS] + [("all", "lowest")]
+
+
+def _torch_site() -> Path:
+    """A venv holding only torch (and its own requirements), built once and shared."""
+    python = TORCH_ENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(TORCH_ENV)], check=True)
+    probe = [str(python), "-c", "import torch, sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    found = subprocess.run(probe, capture_output=True, text=True)
+    if found.returncode != 0:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", TORCH], check=True)
+        found = subprocess.run(probe, capture_output=True, text=True, check=True)
+    return Path(found.stdout.strip())
+
+
+def _share_torch(session: nox.Session) -> None:
+    site = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+    )
+    assert isinstance(site, str)
+    Path(site.strip(), "_warcore_shared_torch.pth").write_text(f"{_torch_site()}\n")
+
+
+def _entry_point_name(plugin: str) -> str:
+    return "acme" if plugin == "acme" else plugin
+
+
+@nox.session
+@nox.parametrize("cell,pluggy", PARAMS)
+def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
+    plugins = CELLS[cell]
+    if "acme" in plugins and not (ROOT / PLUGINS["acme"]).exists():
+        session.skip("examples/acme_backend is not in this checkout")
+    _share_torch(session)
+    session.install(PLUGGY[pluggy], *TEST_TOOLS)
+    paths = [".", *(PLUGINS[p] for p in plugins)]
+    if cell == "all-wheels":
+        wheels = Path(session.create_tmp()) / "wheels"
+        shutil.rmtree(wheels, ignore_errors=True)
+        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *paths)
+        session.install(*sorted(str(w) for w in wheels.glob("*.whl")))
+        session.run(
+            "python",
+            "-c",
+            "import warcore, sys; assert 'site-packages' in warcore.__file__, warcore.__file__",
+        )
+    else:
+        session.install(*(arg for path in paths for arg in ("-e", path)))
+    session.run(
+        "python",
+        "-c",
+        f"import pluggy; assert pluggy.__version__ == '{PLUGGY[pluggy].split('==')[1]}'",
+    )
+    expect = ",".join(sorted(_installed_entry_points(plugins)))
+    env = {"WARCORE_EXPECT_PLUGINS": expect}
+    session.run("warcore", "plugins", env=env, success_codes=[0])
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "not slow and not cuda",
+        "-p",
+        "no:cacheprovider",
+        "tests",
+        *session.posargs,
+        env=env,
+    )
+
+
+def _installed_entry_points(plugins: list[str]) -> set[str]:
+    names = set()
+    for plugin in plugins:
+        if plugin == "acme":
+            names |= _acme_entry_points()
+        else:
+            names.add(plugin)
+    return names
+
+
+def _acme_entry_points() -> set[str]:
+    text = (ROOT / PLUGINS["acme"] / "pyproject.toml").read_text()
+    section = text.split("[project.entry-points.warcore]", 1)[1].split("\n[", 1)[0]
+    return {line.split("=")[0].strip() for line in section.splitlines() if "=" in line}
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience
+    os.execvp("nox", ["nox", *sys.argv[1:]])
