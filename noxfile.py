@@ -86,40 +86,35 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
         session.skip("examples/acme_backend is not in this checkout")
     _share_torch(session)
     session.install(PLUGGY[pluggy], *TEST_TOOLS)
-    paths = [".", *(PLUGINS[p] for p in plugins)]
+    paths = [str(ROOT / p) for p in (".", *(PLUGINS[p] for p in plugins))]
     if cell == "all-wheels":
         wheels = Path(session.create_tmp()) / "wheels"
         shutil.rmtree(wheels, ignore_errors=True)
         session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *paths)
         session.install(*sorted(str(w) for w in wheels.glob("*.whl")))
-        session.run(
-            "python",
-            "-c",
-            "import warcore, sys; assert 'site-packages' in warcore.__file__, warcore.__file__",
-        )
     else:
         session.install(*(arg for path in paths for arg in ("-e", path)))
+    # Run from outside the checkout, so `import warcore` finds what the cell installed (the
+    # wheels, in the wheel cell) rather than the source tree in the current directory.
+    session.chdir(session.create_tmp())
+    if cell == "all-wheels":
+        session.run("python", "-c", _ASSERT_INSTALLED_FROM_WHEEL)
+    version = PLUGGY[pluggy].split("==")[1]
+    session.run("python", "-c", f"import pluggy; assert pluggy.__version__ == '{version}'")
+    env = {"WARCORE_EXPECT_PLUGINS": ",".join(sorted(_installed_entry_points(plugins)))}
+    session.run("warcore", "plugins", env=env)
+    pytest_args = ["-q", "-m", "not slow and not cuda", "-p", "no:cacheprovider"]
+    pytest_args += ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
     session.run(
-        "python",
-        "-c",
-        f"import pluggy; assert pluggy.__version__ == '{PLUGGY[pluggy].split('==')[1]}'",
+        "python", "-m", "pytest", *pytest_args, str(ROOT / "tests"), *session.posargs, env=env
     )
-    expect = ",".join(sorted(_installed_entry_points(plugins)))
-    env = {"WARCORE_EXPECT_PLUGINS": expect}
-    session.run("warcore", "plugins", env=env, success_codes=[0])
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        "-q",
-        "-m",
-        "not slow and not cuda",
-        "-p",
-        "no:cacheprovider",
-        "tests",
-        *session.posargs,
-        env=env,
-    )
+
+
+_ASSERT_INSTALLED_FROM_WHEEL = (
+    "import warcore, warcore_dflash; "
+    "assert 'site-packages' in warcore.__file__, warcore.__file__; "
+    "assert 'site-packages' in warcore_dflash.__file__, warcore_dflash.__file__"
+)
 
 
 def _installed_entry_points(plugins: list[str]) -> set[str]:
