@@ -7,10 +7,12 @@ scripts/setup.sh
 
 # The plugin packages, not the *.egg-info folders an editable install leaves beside them.
 plugin_packages=()
-for init in plugins/*/warcore_*/__init__.py; do plugin_packages+=("$(dirname "$init")"); done
+for init in plugins/*/warcore_*/__init__.py examples/*/warcore_*/__init__.py; do
+  plugin_packages+=("$(dirname "$init")")
+done
 
 failed=()
-.venv/bin/ruff check warcore plugins tests || failed+=(ruff)
+.venv/bin/ruff check warcore plugins tests examples || failed+=(ruff)
 .venv/bin/mypy warcore "${plugin_packages[@]}" || failed+=(mypy)
 .venv/bin/pytest -q "$@" || failed+=(pytest)
 

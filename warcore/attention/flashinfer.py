@@ -6,8 +6,11 @@ scheduling from the step's lengths, plus a device gather of the batch's rows of
 fixed addresses, so it is recorded into the graph. Its shared reads therefore end before the
 replay; it still takes the contract's ``IN_REPLAY`` declaration, which is later and so sound.
 Other modes use the portable ``torch_native`` path. flashinfer is imported when the backend is
-built, never at ``import warcore``; kernels outside torch's dispatcher declare their reads
-through :attr:`shared_reads_outside_dispatcher` for the read tracer.
+built, never at ``import warcore``. For the read tracer: every shared read here is a torch op
+in the out-graph init (the gather that feeds ``plan()``), which the tracer sees; flashinfer's
+own kernels, outside torch's dispatcher, read only the wrapper's private copies, so there is
+nothing to declare with :func:`warcore.attention.declare_shared_read`. A kernel that was handed
+``req_to_token`` itself would have to declare that read where it is launched.
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ class _Plan:
 
 class FlashInferBackend(TorchNativeBackend):
     name = "flashinfer"
-    shared_reads_outside_dispatcher = ("req_to_token", "full_to_swa_index_mapping")
 
     def __init__(
         self,

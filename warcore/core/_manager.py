@@ -162,7 +162,8 @@ class WarcorePluginManager(pluggy.PluginManager):
             from . import _builtins
 
             self.register(_builtins, name=BUILTIN_PLUGIN_NAME)
-            self.plugin_infos.append(self._info_for(BUILTIN_PLUGIN_NAME, _builtins, "warcore"))
+            info = self._info_for(BUILTIN_PLUGIN_NAME, _builtins, "warcore", _own_version())
+            self.plugin_infos.append(info)
 
     # -- change notification -------------------------------------------------------------
     def register(self, plugin: object, name: str | None = None) -> str | None:
@@ -213,13 +214,9 @@ class WarcorePluginManager(pluggy.PluginManager):
                         "each plugin on its own, so implement it as a plain hookimpl"
                     )
 
-    def _info_for(self, name: str, plugin: object, distribution: str | None) -> PluginInfo:
-        version = None
-        if distribution is not None:
-            try:
-                version = md.version(distribution)
-            except md.PackageNotFoundError:
-                version = None
+    def _info_for(
+        self, name: str, plugin: object, distribution: str | None, version: str | None = None
+    ) -> PluginInfo:
         hooks = tuple(sorted(h.name for h in self.get_hookcallers(plugin) or ()))
         return PluginInfo(
             name=name,
@@ -235,14 +232,17 @@ class WarcorePluginManager(pluggy.PluginManager):
         """Load the ``warcore`` entry points one at a time, in sorted order, each isolated."""
         if entry_points is None:
             entry_points = md.entry_points(group=ENTRY_POINT_GROUP)
-        eps = sorted(entry_points, key=lambda ep: (ep.name, _dist_name(ep) or ""))
+        # Reading a distribution's metadata parses a file: once per entry point.
+        named = sorted(
+            (((ep.name, _dist_name(ep) or ""), ep) for ep in entry_points), key=lambda p: p[0]
+        )
         allow = self.config.allowlist
         allow_canon = None if allow is None else {_canonical(n) for n in allow}
         blocked_canon = {_canonical(n) for n in self.config.blocked}
         matched: set[str] = set()
         owners: dict[str, str | None] = {}
-        for ep in eps:
-            dist = _dist_name(ep)
+        for (_, dist_or_empty), ep in named:
+            dist = dist_or_empty or None
             keys = {_canonical(ep.name)} | ({_canonical(dist)} if dist else set())
             base = PluginInfo(
                 name=ep.name,
@@ -293,8 +293,8 @@ class WarcorePluginManager(pluggy.PluginManager):
                 self.unregister(name=ep.name)
             self._record_failure(base, f"{type(exc).__name__}: {exc}", exc)
             return
-        info = self._info_for(ep.name, plugin, base.distribution)
-        self.plugin_infos.append(_replace(info, version=base.version, value=base.value))
+        info = self._info_for(ep.name, plugin, base.distribution, base.version)
+        self.plugin_infos.append(_replace(info, value=base.value))
 
     def _record_failure(self, base: PluginInfo, error: str, exc: BaseException | None) -> None:
         self.plugin_infos.append(_replace(base, status="failed", error=error))
@@ -318,6 +318,13 @@ def _replace(info: PluginInfo, **changes: Any) -> PluginInfo:
     from dataclasses import replace
 
     return replace(info, **changes)
+
+
+def _own_version() -> str | None:
+    try:
+        return md.version("warcore")
+    except md.PackageNotFoundError:  # running from a source tree that is not installed
+        return None
 
 
 def _dist_name(ep: md.EntryPoint) -> str | None:

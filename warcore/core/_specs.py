@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
@@ -80,36 +81,54 @@ class AlgorithmSpec:
             raise TypeError(f"AlgorithmSpec {self.name!r}: drafter must be callable")
 
 
-@dataclass(frozen=True)
 class BoundaryContext:
     """What a boundary declaration may depend on besides the backend and the mode.
 
     ``flags`` holds the engine's configuration switches (for example
-    :data:`NCCL_ALLGATHER_IN_OVERLAP`); it is stored sorted so contexts are hashable and can key
-    the resolved-decision cache.
+    :data:`NCCL_ALLGATHER_IN_OVERLAP`), stored sorted. Contexts are interned: equal contexts
+    are one object, so they compare and hash by identity, in C. They key the per-replay
+    decision lookup, where a Python-level ``__hash__`` alone cost more than a method call.
     """
 
-    algorithm: str = "none"
-    flags: tuple[tuple[str, FlagValue], ...] = field(default=())
-    # Contexts key the per-replay decision lookup; the generated __hash__ rebuilt and hashed a
-    # tuple on every lookup, so the hash is computed once here.
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    __slots__ = ("algorithm", "flags", "__weakref__")
+    _interned: ClassVar[dict[tuple[str, tuple[tuple[str, type, FlagValue], ...]], BoundaryContext]]
+    _interned = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(
-        self,
+    algorithm: str
+    flags: tuple[tuple[str, FlagValue], ...]
+
+    def __new__(
+        cls,
         algorithm: str = "none",
         flags: Mapping[str, FlagValue] | tuple[tuple[str, FlagValue], ...] = (),
-    ) -> None:
-        items = dict(flags).items()
+    ) -> BoundaryContext:
+        items = sorted(dict(flags).items())
         for key, value in items:
             if not isinstance(key, str) or not isinstance(value, bool | int | str):
                 raise TypeError(f"BoundaryContext flag {key!r}={value!r}: need str -> bool/int/str")
-        object.__setattr__(self, "algorithm", validate_name("algorithm", algorithm))
-        object.__setattr__(self, "flags", tuple(sorted(items)))
-        object.__setattr__(self, "_hash", hash((self.algorithm, self.flags)))
+        name = validate_name("algorithm", algorithm)
+        # The value's type is part of the identity: True and 1 are equal, but not the same flag.
+        ident = (name, tuple((k, type(v), v) for k, v in items))
+        with cls._lock:
+            ctx = cls._interned.get(ident)
+            if ctx is None:
+                ctx = object.__new__(cls)
+                object.__setattr__(ctx, "algorithm", name)
+                object.__setattr__(ctx, "flags", tuple(items))
+                cls._interned[ident] = ctx
+        return ctx
 
-    def __hash__(self) -> int:
-        return self._hash
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"BoundaryContext is immutable (tried to set {name!r})")
+
+    def __repr__(self) -> str:
+        return f"BoundaryContext(algorithm={self.algorithm!r}, flags={self.flags!r})"
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[BoundaryContext], tuple[str, tuple[tuple[str, FlagValue], ...]]]:
+        return (BoundaryContext, (self.algorithm, self.flags))
 
     def flag(self, name: str, default: Any = False) -> Any:
         for key, value in self.flags:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import enum
+import itertools
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ._boundary import Execution, RecordPoint
 from ._decisions import decode_record_point, draft_extend_record_point, prefill_record_point
@@ -62,7 +65,7 @@ def runner_kind_for(forward_mode: ForwardMode, *, draft: bool = False) -> Runner
 DecisionKey = tuple[RunnerKind, "str | AttentionBackend", ForwardMode, BoundaryContext, Execution]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """A runner's record point for one (backend, mode, context, execution), with its reasons."""
 
@@ -106,25 +109,61 @@ def decide(
     return Decision(point, declared, publish, kind)
 
 
-class DecisionCache(dict[DecisionKey, Decision]):
+class DecisionCache(dict["int | DecisionKey", Decision]):
     """``cache[key]`` resolves on the first miss and is a plain dict hit afterwards.
 
-    Runners build their keys once (at construction or capture) and index with them per replay.
-    The cache empties itself when a plugin is registered or unregistered.
+    Runners turn their keys into small-int handles once (:meth:`handle`, at construction or
+    capture) and index with the handle per replay: a dict hit on an int, which costs about
+    what a method call does, where hashing a five-field tuple key costs more. Tuple keys work
+    too (tools, tests). The cache empties itself when a plugin is registered or unregistered;
+    handles stay valid across that, and in every cache (an audit tool may swap a runner's).
     """
+
+    _handles: ClassVar[dict[DecisionKey, int]] = {}
+    _keys: ClassVar[dict[int, DecisionKey]] = {}
+    _next: ClassVar[itertools.count[int]] = itertools.count(1)
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, pm: WarcorePluginManager) -> None:
         super().__init__()
         self.pm = pm
         pm.add_change_listener(self.clear)
 
-    def __missing__(self, key: DecisionKey) -> Decision:
-        decision = decide(self.pm, *key)
+    @classmethod
+    def handle(cls, key: DecisionKey) -> int:
+        """A stable int standing for ``key`` in every decision cache."""
+        with cls._lock:
+            handle = cls._handles.get(key)
+            if handle is None:
+                handle = cls._handles[key] = next(cls._next)
+                cls._keys[handle] = key
+            return handle
+
+    def __missing__(self, key: int | DecisionKey) -> Decision:
+        decision = self.resolve(self._keys[key] if isinstance(key, int) else key)
         self[key] = decision
         return decision
 
-    def record_point(self, key: DecisionKey) -> RecordPoint:
+    def resolve(self, key: DecisionKey) -> Decision:
+        """Resolve ``key`` through the plugins (subclasses may decide differently)."""
+        return decide(self.pm, *key)
+
+    def record_point(self, key: int | DecisionKey) -> RecordPoint:
         return self[key].record_point
+
+    def forget(self, backends: Iterable[object]) -> None:
+        """Drop the entries of these backend objects. Keys hold backend objects (a wrapper is
+        resolved through its children), and a backend holds its engine's pools: an engine
+        that closes forgets its own, or every engine built on this manager would stay alive."""
+        gone = {id(b) for b in backends}
+        for entry in list(self):
+            key = self._keys.get(entry) if isinstance(entry, int) else entry
+            if key is None or id(key[1]) in gone:
+                del self[entry]
+        with self._lock:
+            for handle, key in list(self._keys.items()):
+                if id(key[1]) in gone:
+                    del self._keys[handle], self._handles[key]
 
 
 def get_decision_cache(pm: WarcorePluginManager | None = None) -> DecisionCache:

@@ -180,6 +180,9 @@ class Engine:
             )
         self.barriers: Counter[str] = Counter()
         self.failure: DeviceError | None = None
+        # Capture's warm-up forwards are queued on the forward stream: finish them here, so a
+        # run's time is the run's, and a fault during capture surfaces at construction.
+        self.device.synchronize()
 
     def _group(
         self,
@@ -223,6 +226,10 @@ class Engine:
         return [self.target.runner] + ([draft.runner] if draft is not None else [])
 
     def close(self) -> None:
+        backends = [r.backend for r in self.runners]
+        caches = [get_decision_cache(self.pm), *(r.decisions for r in self.runners)]
+        for cache in {id(c): c for c in caches}.values():
+            cache.forget(backends)
         self.device.close()
 
     def __enter__(self) -> Engine:

@@ -1,5 +1,6 @@
 """Runners: execute a forward and record its read-done event at the decided point."""
 
+from warcore.runners._probe import ForwardProbe
 from warcore.runners._runner import PROMPT_MODES, ModelRunner, ReadDoneMailbox, StepOutput
 from warcore.runners.batch import ForwardBatch, RowState, StaticBatch, StepInput
 from warcore.runners.eager import EagerRunner
@@ -10,6 +11,7 @@ __all__ = [
     "PROMPT_MODES",
     "EagerRunner",
     "ForwardBatch",
+    "ForwardProbe",
     "GraphRunner",
     "ModelRunner",
     "ReadDoneMailbox",

@@ -19,6 +19,7 @@ import torch
 
 from warcore.core import BoundaryContext, DecisionCache, ForwardMode, RecordPoint
 from warcore.device import Device, Event, Stream
+from warcore.runners._probe import ForwardProbe, Work
 from warcore.runners.batch import ForwardBatch, RowState, StepInput
 
 if TYPE_CHECKING:
@@ -124,6 +125,9 @@ class ModelRunner:
         self.published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
         self.on_forward: Callable[[str, ForwardMode, RecordPoint], None] | None = None
         """Called at each emit (the engine's observer); ``None`` costs nothing."""
+        self.probe: ForwardProbe | None = None
+        """An audit tool's hooks at the forward's phases (sanitizer, read tracer); set it
+        through :meth:`RunnerGroup.set_probe`, which also captures the probe graphs."""
         self._act = _Activations()
 
     def outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -135,6 +139,13 @@ class ModelRunner:
             self.hidden_out[:n].view(bs, mq, -1),
             self.sample_index[:bs],
         )
+
+    def _launch(self, fn: Work, label: str) -> None:
+        """Launch one piece of the forward, through the probe when one is installed."""
+        probe = self.probe
+        if probe is not None:
+            fn = probe.wrap(self, label, fn)
+        self.device.launch(fn, label)
 
     # -- the four phases ------------------------------------------------------------------
     def load_batch(self, step: StepInput, fb: ForwardBatch, in_capture: bool = False) -> None:
@@ -160,21 +171,21 @@ class ModelRunner:
             slots = req_to_token[fb.req_pool_indices.unsqueeze(1), fb.positions]
             fb.out_cache_loc.copy_(slots.masked_fill(~valid, 0))
 
-        self.device.launch(copy, "load_batch")
+        self._launch(copy, "load_batch")
         if step.fill is not None:
             fill = step.fill
-            self.device.launch(lambda: fill(fb), "fill_inputs")
+            self._launch(lambda: fill(fb), "fill_inputs")
         backend = self.backend
         # Bind this step's host data now: on the sim device the launch runs later, when the
         # static batch may already describe the next step.
         planned = replace(fb, host=step)
-        self.device.launch(
+        self._launch(
             lambda: backend.init_forward_metadata_out_graph(planned, in_capture), "out_graph_init"
         )
 
     def in_graph_init(self, fb: ForwardBatch) -> None:
         backend = self.backend
-        self.device.launch(lambda: backend.init_forward_metadata_in_graph(fb), "in_graph_init")
+        self._launch(lambda: backend.init_forward_metadata_in_graph(fb), "in_graph_init")
 
     def body(self, fb: ForwardBatch) -> None:
         model, backend, act = self.model, self.backend, self._act
@@ -204,10 +215,10 @@ class ModelRunner:
             )
             sample.copy_(drafts_ok.to(torch.int64).cumprod(1).sum(1))
 
-        self.device.launch(embed, "embed")
+        self._launch(embed, "embed")
         for i in range(model.cfg.layers):
-            self.device.launch(lambda i=i: layer(i), f"layer{i}")  # type: ignore[misc]
-        self.device.launch(sample_tokens, "sample")
+            self._launch(lambda i=i: layer(i), f"layer{i}")  # type: ignore[misc]
+        self._launch(sample_tokens, "sample")
 
     def emit(self, step: StepInput, fb: ForwardBatch, point: RecordPoint) -> StepOutput:
         """Copy the real requests' tokens and sample indices to the host."""
@@ -216,6 +227,8 @@ class ModelRunner:
         tokens = torch.empty((bs, fb.max_q), dtype=torch.int64, pin_memory=pin)
         sample_host = torch.empty(bs, dtype=torch.int64, pin_memory=pin)
         out, _, sample = self.outputs(fb)
+        if self.probe is not None:
+            self.probe.end(self, step, fb, point)
 
         def copy_out() -> None:
             tokens.copy_(out[:bs], non_blocking=True)

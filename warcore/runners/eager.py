@@ -19,31 +19,40 @@ class EagerRunner:
         self.static = StaticBatch(
             runner.device.torch_device, runner.max_bs, runner.capacity, cfg.hidden, cfg.dtype
         )
-        self._keys: dict[ForwardMode, DecisionKey] = {}
+        self._handles: dict[ForwardMode, int] = {}
 
     def run(self, step: StepInput) -> StepOutput:
         r = self.runner
         mode = step.forward_mode
-        key = self._keys.get(mode)
-        if key is None:
-            key = (
+        handle = self._handles.get(mode)
+        if handle is None:
+            key: DecisionKey = (
                 runner_kind_for(mode, draft=r.draft),
                 r.backend,
                 mode,
                 r.context,
                 Execution.EAGER,
             )
-            self._keys[mode] = key
-        point = r.decisions[key].record_point
+            handle = self._handles[mode] = r.decisions.handle(key)
+        decision = r.decisions[handle]
+        point = decision.record_point
         fb = self.static.view(mode, step.batch_size, step.max_q)
         r.mailbox.put(None)
+        # An audit probe that asks to act at the record point (sanitizer, read tracer).
+        probe = r.probe if r.probe is not None and r.probe.begin(r, step, decision) else None
         r.load_batch(step, fb)
         if point is RecordPoint.PRE_REPLAY:
             r.publish_fresh()
+            if probe is not None:
+                probe.at_record_point(r, mode, point)
         r.in_graph_init(fb)
         if point is RecordPoint.AFTER_IN_GRAPH_INIT:
             r.publish_fresh()
+            if probe is not None:
+                probe.at_record_point(r, mode, point)
         r.body(fb)
         if point is RecordPoint.POST_REPLAY:
             r.publish_fresh()
+            if probe is not None:
+                probe.at_record_point(r, mode, point)
         return r.emit(step, fb, point)

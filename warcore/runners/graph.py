@@ -3,6 +3,10 @@
 Mirrors sglang's decode CUDA-graph runner: capture plants an external event-record node right
 after the in-graph init (warm-up runs share the body but plant nothing); a replay records where
 the decision says. Without a planted node, ``IN_REPLAY`` falls back to after the replay.
+
+With a probe installed (:meth:`GraphRunner.capture_probe_graphs`), each bucket with a planted
+node gets a second *probe graph* whose probe work sits right after the node, so an audit tool
+acts at exactly the in-graph record point on every replay (the sanitizer graph).
 """
 
 from __future__ import annotations
@@ -51,7 +55,10 @@ class GraphRunner:
         self.read_done_event = runner.device.new_event(external=True)
         self.node_planted: dict[int, bool] = {}
         self.graphs: dict[int, Graph] = {}
-        self.keys: dict[int, DecisionKey] = {}
+        self.handles: dict[int, int] = {}
+        """Per bucket, the decision-cache handle of its (runner, backend, mode, context,
+        execution) key: a replay's decision is one dict hit on an int."""
+        self.probe_graphs: dict[int, Graph] = {}
         for bucket in self.buckets:
             self._capture(bucket, plant_node)
 
@@ -81,8 +88,31 @@ class GraphRunner:
             r.context,
             execution,
         )
-        self.keys[bucket] = key
-        _ = r.decisions[key]  # resolve at capture time, not on the first replay
+        self.handles[bucket] = r.decisions.handle(key)
+        _ = r.decisions[self.handles[bucket]]  # resolve at capture time, not on first replay
+
+    def capture_probe_graphs(self) -> None:
+        """Capture, per bucket with a planted node, a graph that runs the runner's probe work
+        (``probe.at_record_point(..., IN_GRAPH_NODE)``) right after the node; replays that
+        record at the node use it while the probe stays installed. No probe: drop them."""
+        r, dev = self.runner, self.runner.device
+        self.probe_graphs = {}
+        probe = r.probe
+        if probe is None or not probe.in_graph:
+            return
+        for bucket in self.buckets:
+            if not self.node_planted[bucket]:
+                continue
+            fb = self.static.view(self.mode, bucket, self.max_q)
+            graph = dev.new_graph()
+            # No warm-up and no load_batch: the buffers and kernels are those of the graph
+            # captured at construction; only the order of the work differs.
+            with dev.use_stream(r.forward_stream), dev.capture(graph):
+                r.in_graph_init(fb)
+                self.read_done_event.record()
+                probe.at_record_point(r, self.mode, RecordPoint.IN_GRAPH_NODE)
+                r.body(fb)
+            self.probe_graphs[bucket] = graph
 
     def bucket_for(self, batch_size: int) -> int:
         i = bisect.bisect_left(self.buckets, batch_size)
@@ -104,14 +134,34 @@ class GraphRunner:
         r = self.runner
         bucket = self.bucket_for(step.batch_size)
         fb = self.static.view(self.mode, bucket, self.max_q)
-        point = r.decisions[self.keys[bucket]].record_point
+        decision = r.decisions[self.handles[bucket]]
+        point = decision.record_point
+        graph = self.graphs[bucket]
         r.mailbox.put(None)
+        # An audit probe that asks to act at the record point; in the graph, that is the
+        # probe graph, whose probe work sits right after the node.
+        probe = r.probe if r.probe is not None and r.probe.begin(r, step, decision) else None
+        if probe is not None and point is RecordPoint.IN_GRAPH_NODE:
+            graph = self._probe_graph(bucket)
         r.load_batch(step.padded(bucket), fb)
         if point is RecordPoint.PRE_REPLAY:
             r.publish_fresh()
-        self.graphs[bucket].replay()
+            if probe is not None:
+                probe.at_record_point(r, self.mode, point)
+        graph.replay()
         if point is RecordPoint.IN_GRAPH_NODE:
             r.mailbox.put(self.read_done_event)
         elif point is RecordPoint.POST_REPLAY:
             r.publish_fresh()
+            if probe is not None:
+                probe.at_record_point(r, self.mode, point)
         return r.emit(step, fb, point)
+
+    def _probe_graph(self, bucket: int) -> Graph:
+        graph = self.probe_graphs.get(bucket)
+        if graph is None:
+            raise RuntimeError(
+                f"{self.mode.name} graph runner, bucket {bucket}: a probe is installed but its "
+                "probe graph was never captured; install probes with RunnerGroup.set_probe"
+            )
+        return graph

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from warcore.core import ForwardMode
+from warcore.runners._probe import ForwardProbe
 from warcore.runners._runner import ModelRunner, StepOutput
 from warcore.runners.batch import StepInput
 from warcore.runners.eager import EagerRunner
@@ -34,6 +35,13 @@ class RunnerGroup:
             if use_graphs
             else {}
         )
+
+    def set_probe(self, probe: ForwardProbe | None) -> None:
+        """Install (or, with ``None``, remove) an audit probe on this group's runner, and
+        capture (or drop) the probe graphs that put its work at the in-graph record point."""
+        self.runner.probe = probe
+        for graph in self.graphs.values():
+            graph.capture_probe_graphs()
 
     def run(self, step: StepInput) -> StepOutput:
         r = self.runner

@@ -26,7 +26,15 @@ from warcore.core import (
     get_plugin_manager,
 )
 from warcore.core._specs import FlagValue
-from warcore.tools import bench_lookup, run_cmd
+from warcore.tools import (
+    bench_all,
+    bench_lookup,
+    bench_overlap,
+    bench_sanitizer,
+    bench_startup,
+    run_cmd,
+    soak,
+)
 from warcore.tools._inspect import MatrixRow, build_matrix, find_problems
 
 __all__ = ["Command", "main"]
@@ -178,15 +186,73 @@ _BENCHES: dict[str, Command] = {
         bench_lookup.configure,
         bench_lookup.run,
     ),
+    "overlap": Command(
+        "reference engine: serial, coarse, fine and no fence on one trace (tokens/s, idle)",
+        bench_overlap.configure_overlap,
+        bench_overlap.run_overlap,
+    ),
+    "sweep": Command(
+        "step time of coarse, fine and no fence as scheduler device work grows (--plot)",
+        bench_overlap.configure_sweep,
+        bench_overlap.run_sweep,
+    ),
+    "startup": Command(
+        "plugin discovery and manager construction, 3 and 3+50 plugins, torch excluded",
+        bench_startup.configure,
+        bench_startup.run,
+    ),
+    "sanitizer": Command(
+        "the WAR sanitizer's cost per forward against a plain run of the same trace",
+        bench_sanitizer.configure,
+        bench_sanitizer.run,
+    ),
+    "all": Command(
+        "every benchmark with its defaults, each writing benchmarks/results/NAME.json",
+        bench_all.configure,
+        bench_all.run,
+    ),
 }
 
 
 def _configure_bench(parser: argparse.ArgumentParser) -> None:
-    _add_commands(parser, _BENCHES, dest="bench")
+    # Optional subcommand: `warcore bench --plot FILE` alone redraws the saved sweep.
+    parser.add_argument(
+        "--plot",
+        dest="plot_saved",
+        metavar="FILE",
+        help="without a benchmark: draw the saved sweep result (--sweep-json) to FILE (PNG)",
+    )
+    parser.add_argument(
+        "--sweep-json",
+        default="benchmarks/results/sweep.json",
+        metavar="FILE",
+        help="the sweep result --plot draws (default: %(default)s)",
+    )
+    sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
+    for name, command in _BENCHES.items():
+        command.configure(sub.add_parser(name, help=command.help, description=command.help))
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     _plugin_manager()  # validates the environment before anything is measured
+    if args.bench is None:
+        if not args.plot_saved:
+            raise _UsageError(f"bench: give a benchmark ({', '.join(_BENCHES)}) or --plot FILE")
+        from warcore.tools import plot
+
+        missing = plot.missing_matplotlib()
+        if missing:
+            raise _UsageError(missing)
+        try:
+            result = plot.load_sweep(args.sweep_json)
+        except (OSError, ValueError) as exc:
+            raise _UsageError(f"--plot: cannot read the sweep result: {exc}") from None
+        print(f"wrote {plot.plot_sweep(result, args.plot_saved)}")
+        return 0
+    if args.plot_saved:  # `warcore bench --plot FILE sweep|all` means the same as after it
+        if not hasattr(args, "plot"):
+            raise _UsageError(f"--plot draws the sweep: use it with sweep or all, not {args.bench}")
+        args.plot = args.plot or args.plot_saved
     return _BENCHES[args.bench].run(args)
 
 
@@ -202,6 +268,39 @@ def _run_run(args: argparse.Namespace) -> int:
     try:
         return run_cmd.run(args, flags)
     except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
+        raise _UsageError(str(exc)) from None
+
+
+# -- sanitize ------------------------------------------------------------------------------
+
+
+def _configure_sanitize(parser: argparse.ArgumentParser) -> None:
+    from warcore.tools import sanitize_cmd  # its heavy imports are inside its functions
+
+    sanitize_cmd.configure(parser)
+
+
+def _run_sanitize(args: argparse.Namespace) -> int:
+    from warcore.core import DuplicateNameError, UnknownNameError
+    from warcore.device import DeviceError
+    from warcore.tools import sanitize_cmd
+
+    flags = dict(_parse_flag(f) for f in args.flag)
+    pm = _plugin_manager()
+    try:
+        return sanitize_cmd.run(args, flags, pm)
+    except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
+        raise _UsageError(str(exc)) from None
+
+
+# -- soak ----------------------------------------------------------------------------------
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    _plugin_manager()
+    try:
+        return soak.run(args)
+    except ValueError as exc:
         raise _UsageError(str(exc)) from None
 
 
@@ -221,11 +320,21 @@ _COMMANDS: dict[str, Command] = {
         _configure_check,
         _run_check,
     ),
-    "bench": Command("micro-benchmarks", _configure_bench, _run_bench),
+    "bench": Command("benchmarks, each writing a JSON result", _configure_bench, _run_bench),
     "run": Command(
         "serve a seeded request trace with the reference overlap engine and report",
         run_cmd.configure,
         _run_run,
+    ),
+    "sanitize": Command(
+        "poison the shared buffers at every read-done point and check no output changes",
+        _configure_sanitize,
+        _run_sanitize,
+    ),
+    "soak": Command(
+        "a long random overlap run, every segment checked against serial tokens and sanitized",
+        soak.configure,
+        _run_soak,
     ),
 }
 
@@ -255,6 +364,7 @@ def _setup_logging(verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # benchmarks record their command
     _setup_logging(args.verbose)
     try:
         return _COMMANDS[args.command].run(args)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from warcore.engine import EngineConfig, RunReport
+    from warcore.tools.trace_export import TraceRecorder
 
 __all__ = ["configure", "format_report", "run"]
 
@@ -35,6 +36,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--flag", action="append", default=[], metavar="NAME[=VALUE]", help="engine flag"
+    )
+    parser.add_argument(
+        "--layer-ms",
+        type=float,
+        default=0.0,
+        help="modelled device time per model layer in ms, using no CPU (sim only; what "
+        "`warcore bench overlap` uses to make the CPU forward behave like a GPU's)",
+    )
+    parser.add_argument(
+        "--schedule-ms",
+        type=float,
+        default=0.0,
+        help="scheduler device work per step in ms (a modelled H2D copy on the schedule stream)",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="write a Chrome/Perfetto trace of the run (host, forward and schedule streams, "
+        "read-done records, barriers) to FILE; open it at https://ui.perfetto.dev",
     )
     parser.add_argument(
         "--progress",
@@ -72,6 +92,8 @@ def run(args: argparse.Namespace, flags: dict[str, bool | int | str]) -> int:
 
     if args.requests < 1:
         raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    if args.layer_ms < 0 or args.schedule_ms < 0:
+        raise ValueError("--layer-ms and --schedule-ms must be >= 0")
     dtype = _DTYPES.get(args.dtype)
     if dtype is None:
         raise ValueError(f"unknown --dtype {args.dtype!r}; valid: {', '.join(_DTYPES)}")
@@ -84,18 +106,51 @@ def run(args: argparse.Namespace, flags: dict[str, bool | int | str]) -> int:
         use_graphs=not args.no_graphs,
         num_draft=args.num_draft,
         flags=tuple(sorted(flags.items())),
+        modelled_layer_s=args.layer_ms / 1e3,
+        schedule_work_s=args.schedule_ms / 1e3,
     )
     trace = synthetic_trace(args.requests, seed=args.seed)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    recorder, trace_note = None, None
+    if args.trace:
+        from warcore.tools.trace_export import TraceRecorder
+
+        recorder = TraceRecorder()
     with Engine(config, device=args.device) as engine:
-        report = engine.run(trace, progress=_ProgressBar(sys.stderr, "run", show))
+        report = engine.run(
+            trace, progress=_ProgressBar(sys.stderr, "run", show), observer=recorder
+        )
+        if recorder is not None:
+            trace_note = _write_trace(args.trace, recorder, report)
         if not args.no_verify:
             serial = Engine(_serial(config), device=args.device)
             with serial:
                 expected = serial.run(trace, progress=_ProgressBar(sys.stderr, "serial", show))
             report.matches_serial = expected.outputs == report.outputs
     print(format_report(report))
+    if trace_note is not None:
+        print(trace_note)
     return 1 if report.matches_serial is False or report.errors else 0
+
+
+def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
+    from warcore.tools.trace_export import write_chrome_trace
+
+    cfg = report.config
+    meta = {
+        "device": report.device,
+        "backend": cfg.backend,
+        "algorithm": cfg.algorithm,
+        "fence": cfg.fence,
+        "loop": cfg.loop,
+        "requests": report.requests,
+        "tokens": report.tokens,
+    }
+    try:
+        events = write_chrome_trace(recorder, path, meta)
+    except OSError as exc:
+        raise ValueError(f"--trace {path}: {exc.strerror or exc}") from None
+    return f"  trace           {events} events in {path} (open it at https://ui.perfetto.dev)"
 
 
 def _serial(config: EngineConfig) -> EngineConfig:

@@ -1,0 +1,277 @@
+"""``warcore.testing``: a pytest plugin for authors of warcore plugins (opt-in).
+
+Enable it in the ``conftest.py`` at the root of your tests, or with ``-p warcore.testing``::
+
+    pytest_plugins = ["warcore.testing"]
+
+It gives you:
+
+* ``warcore_pm``, a fixture: a fresh :class:`~warcore.core.WarcorePluginManager` holding the
+  core's built-ins and only the installed plugins your test names with the marker
+  ``@pytest.mark.warcore_plugins("my_plugin", "dflash")`` (none without it). Nothing global is
+  touched, so the test cannot see or disturb the process-wide manager.
+* ``make_warcore_pm``, the same as a factory, for tests that need several managers or want to
+  register plugin objects: ``make_warcore_pm(MyPlugin(), entry_points=["dflash"])``.
+* ``register_for_test``, a fixture: ``register_for_test(plugin)`` registers ``plugin`` (into the
+  process-wide manager, or ``pm=``) for this test only; it is unregistered afterwards.
+* :func:`assert_declarations_sound`, the conformance check: it runs the WAR sanitizer over a
+  backend's or an algorithm's declarations (every combination the reference engine can run)
+  and fails with the sanitizer's report, and the read tracer's account of where the offending
+  mode's last shared read is, when a read-done event is recorded before a shared read.
+* :class:`DeclaredBackend`, a plugin object offering a backend class under declarations you
+  choose: to check that your backend passes with its declarations, and that the sanitizer
+  catches it when a declaration is made earlier than the code allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import pytest
+
+from warcore.attention import AttentionBackend
+from warcore.core import (
+    BUILTIN_PLUGIN_NAME,
+    AlgorithmSpec,
+    BackendSpec,
+    ForwardMode,
+    LoaderConfig,
+    SharedReadBoundary,
+    WarcorePluginManager,
+    get_plugin_manager,
+    hookimpl,
+)
+from warcore.core import _builtins as core_builtins
+from warcore.core._specs import FlagValue
+from warcore.tools.sanitizer import DEFAULT_REQUESTS, SanitizeReport, combinations, sanitize
+
+__all__ = [
+    "CoreAlgorithms",
+    "DeclaredBackend",
+    "assert_declarations_sound",
+    "make_plugin_manager",
+    "make_warcore_pm",
+    "register_for_test",
+    "warcore_pm",
+]
+
+Builtins = Literal["all", "algorithms", "none"]
+
+MARKER = "warcore_plugins"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(*entry_points, builtins='all'): the installed warcore plugins the "
+        "warcore_pm fixture loads (entry-point or distribution names); builtins='algorithms' "
+        "keeps the core's algorithms but not its backends and declarations",
+    )
+
+
+# -- plugin objects --------------------------------------------------------------------------
+
+
+class CoreAlgorithms:
+    """The core's algorithms (``none``, ``eagle``) and their publish phases, without its
+    backends and boundary declarations: lets a test re-offer ``torch_native`` under
+    declarations of its own without two plugins offering one name."""
+
+    @hookimpl
+    def warcore_speculative_algorithms(self) -> Iterable[AlgorithmSpec]:
+        return core_builtins.warcore_speculative_algorithms()
+
+    @hookimpl
+    def warcore_is_war_publish_phase(
+        self, algorithm: str, forward_mode: ForwardMode
+    ) -> bool | None:
+        return core_builtins.warcore_is_war_publish_phase(algorithm, forward_mode)
+
+
+class DeclaredBackend:
+    """A plugin offering ``backend`` (an :class:`~warcore.attention.AttentionBackend` class)
+    and declaring, for it, exactly ``boundaries`` (mode -> boundary, as members or their names;
+    other modes abstain).
+
+    ``name`` defaults to the class's ``name``; another name offers the same code under that
+    name (a subclass that differs only in ``name``), so it can sit beside the original.
+    """
+
+    def __init__(
+        self,
+        backend: type[AttentionBackend],
+        boundaries: Mapping[ForwardMode, SharedReadBoundary] | Mapping[str, str],
+        *,
+        name: str | None = None,
+    ) -> None:
+        self.name = name or backend.name
+        if self.name != backend.name:
+            backend = type(backend.__name__, (backend,), {"name": self.name})
+        self.backend = backend
+        self.boundaries = {
+            ForwardMode.parse(mode): SharedReadBoundary.parse(boundary)
+            for mode, boundary in boundaries.items()
+        }
+
+    def __repr__(self) -> str:
+        declared = ", ".join(f"{m.name}={b.name}" for m, b in self.boundaries.items())
+        return f"DeclaredBackend({self.name!r}: {declared})"
+
+    @hookimpl
+    def warcore_attention_backends(self) -> Iterable[BackendSpec]:
+        return [BackendSpec(self.name, self.backend, f"{self.backend.__name__} under test")]
+
+    @hookimpl
+    def warcore_shared_read_boundary(
+        self, backend: str, forward_mode: ForwardMode
+    ) -> SharedReadBoundary | None:
+        if backend != self.name:
+            return None
+        return self.boundaries.get(forward_mode)
+
+
+# -- managers --------------------------------------------------------------------------------
+
+
+def make_plugin_manager(
+    *plugins: object,
+    entry_points: Iterable[str] = (),
+    builtins: Builtins = "all",
+) -> WarcorePluginManager:
+    """A fresh manager: the core's built-ins (``"all"``, ``"algorithms"`` only, or
+    ``"none"``), the installed entry points named (entry-point or distribution names; an
+    unknown or failing one raises), then ``plugins`` (objects or modules) in order. Hooks a
+    plugin misspells raise :class:`~warcore.core.PluginValidationError`, as in production."""
+    if builtins not in ("all", "algorithms", "none"):
+        raise ValueError(f"builtins must be 'all', 'algorithms' or 'none', got {builtins!r}")
+    names = frozenset(entry_points)
+    config = LoaderConfig(allowlist=names, strict=True)
+    pm = WarcorePluginManager(config, builtins=builtins == "all")
+    if builtins == "algorithms":
+        pm.register(CoreAlgorithms(), name=f"{BUILTIN_PLUGIN_NAME}-algorithms")
+    if names:
+        pm.load_entry_points()
+        if pm.unknown_allowlist_names:
+            unknown = ", ".join(pm.unknown_allowlist_names)
+            raise LookupError(f"no installed warcore plugin is called {unknown}")
+    for plugin in plugins:
+        pm.register(plugin, name=_plugin_name(pm, plugin))
+    pm.check_pending()
+    return pm
+
+
+def _plugin_name(pm: WarcorePluginManager, plugin: object) -> str:
+    """A readable, unique name, so provenance says ``plugin:DeclaredBackend-1``, not an id."""
+    base = getattr(plugin, "__name__", None) or type(plugin).__name__
+    name, n = base, 1
+    while pm.get_plugin(name) is not None:
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+@pytest.fixture
+def make_warcore_pm() -> Callable[..., WarcorePluginManager]:
+    """Factory fixture: ``make_warcore_pm(*plugins, entry_points=(), builtins="all")``."""
+    return make_plugin_manager
+
+
+@pytest.fixture
+def warcore_pm(request: pytest.FixtureRequest) -> WarcorePluginManager:
+    """A fresh manager with the built-ins and the plugins ``@pytest.mark.warcore_plugins``
+    names (the closest marker wins)."""
+    marker = request.node.get_closest_marker(MARKER)
+    if marker is None:
+        return make_plugin_manager()
+    return make_plugin_manager(
+        entry_points=marker.args, builtins=marker.kwargs.get("builtins", "all")
+    )
+
+
+@pytest.fixture
+def register_for_test() -> Iterator[Callable[..., Any]]:
+    """``register_for_test(plugin, pm=None)`` registers ``plugin`` (into the process-wide
+    manager by default) for this test; every plugin registered so is unregistered after it."""
+    registered: list[tuple[WarcorePluginManager, object]] = []
+
+    def register(plugin: object, pm: WarcorePluginManager | None = None) -> object:
+        manager = pm if pm is not None else get_plugin_manager()
+        manager.register(plugin, name=_plugin_name(manager, plugin))
+        registered.append((manager, plugin))
+        return plugin
+
+    yield register
+    for manager, plugin in reversed(registered):
+        if manager.is_registered(plugin):
+            manager.unregister(plugin)
+
+
+# -- the conformance check -------------------------------------------------------------------
+
+
+def assert_declarations_sound(
+    backend: str | None = None,
+    algorithm: str | None = None,
+    *,
+    pm: WarcorePluginManager | None = None,
+    device: str = "sim",
+    requests: int = DEFAULT_REQUESTS,
+    flags: Mapping[str, FlagValue] | None = None,
+    explain: bool = True,
+    **options: Any,
+) -> list[SanitizeReport]:
+    """Run the WAR sanitizer over every combination with ``backend`` (every algorithm the
+    reference engine runs) or ``algorithm`` (every backend), or the one combination of both.
+
+    Raises ``AssertionError`` listing each violation (with the read tracer's account of the
+    mode's shared reads when ``explain``), or an engine error. Returns the reports otherwise.
+    ``options`` go to :func:`warcore.tools.sanitizer.sanitize` (``use_graphs``,
+    ``plant_node``, ``num_draft``, ...).
+    """
+    if backend is None and algorithm is None:
+        raise ValueError("name a backend, an algorithm, or both")
+    pm = pm if pm is not None else get_plugin_manager()
+    combos = combinations(
+        pm,
+        [backend] if backend is not None else [],
+        [algorithm] if algorithm is not None else [],
+        device,
+    )
+    reports = [
+        sanitize(
+            c.backend, c.algorithm, pm=pm, device=device, requests=requests, flags=flags, **options
+        )
+        for c in combos
+        if c.skipped is None
+    ]
+    if not reports:
+        why = "; ".join(f"{c.backend}/{c.algorithm}: {c.skipped}" for c in combos)
+        raise AssertionError(f"nothing to sanitize here ({why or 'no combination'})")
+    failed = [r for r in reports if not r.sound]
+    if failed:
+        parts = [r.format() for r in failed]
+        if explain:
+            parts += [_explain(r, pm, device, flags) for r in failed if r.violation is not None]
+        raise AssertionError("WAR declarations are unsound:\n" + "\n".join(parts))
+    return reports
+
+
+def _explain(
+    report: SanitizeReport,
+    pm: WarcorePluginManager,
+    device: str,
+    flags: Mapping[str, FlagValue] | None,
+) -> str:
+    from warcore.tools.tracer import trace_reads
+
+    violation = report.violation
+    assert violation is not None
+    trace = trace_reads(report.backend, report.algorithm, pm=pm, device=device, flags=flags)
+    lines = [f"read tracer, {report.backend} / {report.algorithm} (eager run):"]
+    for m in trace.modes():
+        if m.mode in (violation.forward_mode, violation.published_mode):
+            lines.append(
+                f"  {m.runner} {m.mode.name}: {m.summary()}; the reads allow {m.implied.name}"
+            )
+    return "\n".join(lines)

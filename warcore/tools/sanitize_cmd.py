@@ -1,0 +1,172 @@
+"""``warcore sanitize``: run the WAR sanitizer over the declared matrix and report.
+
+One row per backend x algorithm: every mode's declared boundary and record point, how many
+forwards ran with poisoned buffers, and the verdict. ``--explain`` adds the read tracer's
+account of where each mode's last shared read is. Its cost per forward is measured by
+``warcore bench sanitizer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from warcore.core import WarcorePluginManager
+    from warcore.core._specs import FlagValue
+    from warcore.tools.sanitizer import Combination, ModeSummary, SanitizeReport
+    from warcore.tools.tracer import ReadTrace
+
+__all__ = ["configure", "run"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend", action="append", default=[], metavar="NAME", help="backend (repeatable)"
+    )
+    parser.add_argument(
+        "--algorithm",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="speculative algorithm (repeatable)",
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="every registered backend x algorithm the engine runs"
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="also trace an eager run and say where each mode's last shared read is",
+    )
+    parser.add_argument("--requests", type=int, default=10, help="requests in the trace")
+    parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    parser.add_argument("--device", default="sim", help="sim (default) or cuda")
+    parser.add_argument(
+        "--flag", action="append", default=[], metavar="NAME[=VALUE]", help="engine flag"
+    )
+    parser.add_argument("--no-graphs", action="store_true", help="run decode-like modes eagerly")
+    parser.add_argument(
+        "--no-plant-node", action="store_true", help="capture graphs without the in-graph node"
+    )
+    parser.add_argument(
+        "--sglang-fallback",
+        action="store_true",
+        help="use sglang #34052's record point for graphs without a node (IN_REPLAY before "
+        "the replay), to see why warcore records after the replay instead",
+    )
+
+
+def run(args: argparse.Namespace, flags: dict[str, FlagValue], pm: WarcorePluginManager) -> int:
+    """Exit status: 0 every combination sound, 1 a violation or an engine error."""
+    from warcore.tools.sanitizer import combinations
+
+    if args.requests < 1:
+        raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    if not (args.all or args.backend or args.algorithm):
+        raise ValueError("say what to sanitize: --backend NAME, --algorithm NAME, or --all")
+    combos = combinations(pm, args.backend, args.algorithm, args.device)
+    reports = [_sanitize(args, flags, pm, combo) for combo in combos]
+    _print_table(reports)
+    problems = [r for r in reports if not r.sound]
+    for report in problems:
+        print()
+        print(report.format())
+    if args.explain:
+        for combo in combos:
+            if combo.skipped is None:
+                print()
+                print(_explain(_trace(args, flags, pm, combo)))
+    ran = sum(r.skipped is None for r in reports)
+    verdict = "VIOLATIONS FOUND" if problems else "all sound"
+    print(f"\n{verdict}: {_n(ran, 'combination')} sanitized, {len(reports) - ran} skipped")
+    return 1 if problems else 0
+
+
+def _sanitize(
+    args: argparse.Namespace,
+    flags: dict[str, FlagValue],
+    pm: WarcorePluginManager,
+    combo: Combination,
+) -> SanitizeReport:
+    from warcore.tools.sanitizer import SanitizeReport, sanitize
+
+    if combo.skipped is not None:
+        report = SanitizeReport(combo.backend, combo.algorithm, args.device, args.requests)
+        report.skipped = combo.skipped
+        return report
+    return sanitize(
+        combo.backend,
+        combo.algorithm,
+        pm=pm,
+        device=args.device,
+        requests=args.requests,
+        seed=args.seed,
+        flags=flags,
+        use_graphs=not args.no_graphs,
+        plant_node=not args.no_plant_node,
+        sglang_fallback=args.sglang_fallback,
+    )
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _mode_cell(m: ModeSummary) -> str:
+    runner = "" if m.runner == "target" else f"{m.runner} "
+    points = "/".join(sorted(p.value for p in m.record_points))
+    return f"{runner}{m.mode.name} {m.declared.name}->{points}"
+
+
+def _print_table(reports: list[SanitizeReport]) -> None:
+    headers = ("BACKEND", "ALGORITHM", "MODE DECLARED->RECORD POINT", "CHECKED", "VERDICT")
+    rows = [
+        (
+            r.backend,
+            r.algorithm,
+            ", ".join(_mode_cell(m) for m in r.modes) or "-",
+            "-" if r.skipped else f"{r.checked}/{r.forwards}",
+            r.verdict + (f" ({r.skipped})" if r.skipped else ""),
+        )
+        for r in reports
+    ]
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+    for line in (headers, *rows):
+        cells = [str(c).ljust(w) for c, w in zip(line[:-1], widths, strict=False)]
+        print("  ".join([*cells, str(line[-1])]).rstrip())
+
+
+# -- --explain -----------------------------------------------------------------------------
+
+
+def _trace(
+    args: argparse.Namespace,
+    flags: dict[str, FlagValue],
+    pm: WarcorePluginManager,
+    combo: Combination,
+) -> ReadTrace:
+    from warcore.tools.tracer import DEFAULT_TRACE_REQUESTS, trace_reads
+
+    return trace_reads(
+        combo.backend,
+        combo.algorithm,
+        pm=pm,
+        device=args.device,
+        requests=min(args.requests, DEFAULT_TRACE_REQUESTS),
+        seed=args.seed,
+        flags=flags,
+    )
+
+
+def _explain(trace: ReadTrace) -> str:
+    lines = [f"{trace.backend} / {trace.algorithm}: shared reads of an eager run (read tracer)"]
+    for m in trace.modes():
+        points = "/".join(sorted(p.value for p in m.record_points))
+        after = f"{m.reads_after_point} after the record point" if m.reads_after_point else ""
+        lines.append(
+            f"  {m.runner:<6} {m.mode.name:<16} {m.summary()}; the reads allow "
+            f"{m.implied.name}, declared {m.declared.name} ({m.declared_by}), records at "
+            f"{points}{'; ' + after if after else ''}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,399 @@
+"""The read tracer: which ops of an eager forward read the scheduler-shared buffers, and where.
+
+A ``TorchDispatchMode`` watches every aten op of the forward's work. An op *reads* a shared
+buffer when one of its tensor arguments lives in that buffer's storage (matched by
+``untyped_storage().data_ptr()``, so views and slices count) and the op's schema does not mark
+that argument as written (``alias_info.is_write``); view ops move no data and are skipped. Each
+read is tagged with its phase — the label the runner launched the work under (``load_batch``,
+``out_graph_init``, ``in_graph_init``, ``layer<i>``, ...) — and with whether it came after the
+forward's record point. Kernels outside torch's dispatcher are invisible to the mode; they
+declare their reads with :func:`warcore.attention.declare_shared_read`.
+
+Dispatch modes are thread-local and on ``sim`` the work runs on the stream's worker thread, so
+the tracer wraps each launched piece of work and enters the mode *inside* it, wherever it runs.
+It traces eager forwards (the tracer's engine runs without graphs): a replayed graph would run
+work wrapped for another forward. The record points are then the eager ones
+(``after_in_graph_init`` where a graph would have its node).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from warcore.attention import AttentionBackend
+from warcore.attention._reads import listening_for_shared_reads
+from warcore.core import (
+    Decision,
+    ForwardMode,
+    RecordPoint,
+    SharedReadBoundary,
+    WarcorePluginManager,
+    get_plugin_manager,
+)
+from warcore.core._specs import FlagValue
+from warcore.runners import ForwardBatch, ForwardProbe, ModelRunner, StepInput
+from warcore.runners._probe import Work
+from warcore.tools.sanitizer import engine_config, trace_for
+
+if TYPE_CHECKING:
+    from warcore.engine import ModelConfig, Request
+    from warcore.runners import RunnerGroup
+
+__all__ = [
+    "DEFAULT_TRACE_REQUESTS",
+    "ForwardTrace",
+    "ModeReads",
+    "ReadTrace",
+    "ReadTracer",
+    "SharedRead",
+    "phase_name",
+    "trace_reads",
+    "watch_shared_reads",
+]
+
+DEFAULT_TRACE_REQUESTS = 6
+"""The tracer costs ~20 µs per op: a handful of requests shows every mode."""
+
+_PHASES = {
+    "load_batch": "load_batch",
+    "fill_inputs": "fill inputs",
+    "out_graph_init": "out-graph init",
+    "in_graph_init": "in-graph init",
+    "embed": "embed",
+    "sample": "sample",
+}
+
+# Launch labels whose shared reads are over before a replay would start.
+_BEFORE_REPLAY = frozenset({"load_batch", "fill_inputs", "out_graph_init"})
+
+
+def phase_name(label: str) -> str:
+    """A human name for a launch label: ``layer3`` -> ``layer 3``."""
+    if label.startswith("layer") and label[5:].isdigit():
+        return f"layer {label[5:]}"
+    return _PHASES.get(label, label)
+
+
+@dataclass(frozen=True)
+class SharedRead:
+    """One read of a shared buffer by one op (or one declared kernel)."""
+
+    buffer: str
+    op: str
+    label: str
+    """The launch label of the work the read is in."""
+    launch: int
+    """The position of that work among the forward's launches (its order in the stream)."""
+    after_record_point: bool
+    where: str = ""
+    """The attention-backend method it ran in (``TorchNativeBackend.gather_page_table``)."""
+    declared: bool = False
+    """Declared by code outside torch's dispatcher, not seen by the mode."""
+
+    @property
+    def phase(self) -> str:
+        name = phase_name(self.label)
+        if self.label.startswith("layer") and self.where:
+            return f"{name} attention"
+        return name
+
+
+@dataclass
+class ForwardTrace:
+    index: int
+    runner: str
+    mode: ForwardMode
+    decision: Decision
+    launches: list[str] = field(default_factory=list)
+    reads: list[SharedRead] = field(default_factory=list)
+    point_after: int | None = None
+    """How many of the forward's launches precede its record point (``None``: no point)."""
+
+    @property
+    def record_point(self) -> RecordPoint:
+        return self.decision.record_point
+
+    @property
+    def last_read(self) -> SharedRead | None:
+        return _latest(self.reads)
+
+
+@dataclass
+class ModeReads:
+    """The reads of one runner's forwards of one mode, over the whole trace."""
+
+    runner: str
+    mode: ForwardMode
+    declared: SharedReadBoundary
+    declared_by: str
+    record_points: set[RecordPoint]
+    forwards: int
+    reads: int
+    reads_after_point: int
+    last: SharedRead | None
+    """The latest read in stream order over all these forwards."""
+
+    @property
+    def last_phase(self) -> str:
+        return "none" if self.last is None else self.last.phase
+
+    @property
+    def implied(self) -> SharedReadBoundary:
+        """The earliest boundary the observed reads allow (what an honest declaration says)."""
+        if self.last is None or self.last.label in _BEFORE_REPLAY:
+            return SharedReadBoundary.PRE_REPLAY
+        if self.last.label == "in_graph_init":
+            return SharedReadBoundary.IN_REPLAY
+        return SharedReadBoundary.POST_REPLAY
+
+    def summary(self) -> str:
+        if self.last is None:
+            return "no shared read"
+        where = f" ({self.last.where})" if self.last.where else ""
+        kind = ", declared" if self.last.declared else ""
+        return f"last shared read: {self.last.phase}{where}, {self.last.buffer}{kind}"
+
+
+@dataclass
+class ReadTrace:
+    backend: str
+    algorithm: str
+    forwards: list[ForwardTrace]
+
+    def modes(self) -> list[ModeReads]:
+        """Per (runner, mode), in first-seen order."""
+        grouped: dict[tuple[str, ForwardMode], list[ForwardTrace]] = {}
+        for f in self.forwards:
+            grouped.setdefault((f.runner, f.mode), []).append(f)
+        return [_mode_reads(runner, mode, fs) for (runner, mode), fs in grouped.items()]
+
+    def mode(self, mode: ForwardMode, runner: str = "target") -> ModeReads:
+        for m in self.modes():
+            if m.mode is mode and m.runner == runner:
+                return m
+        seen = ", ".join(f"{m.runner} {m.mode.name}" for m in self.modes())
+        raise KeyError(f"no {runner} {mode.name} forward in the trace (traced: {seen})")
+
+    def last_shared_read(self, mode: ForwardMode, runner: str = "target") -> str:
+        """``"in-graph init"``, ``"layer 3 attention"``, ...: the phase of the latest read."""
+        return self.mode(mode, runner).last_phase
+
+
+def _mode_reads(runner: str, mode: ForwardMode, forwards: list[ForwardTrace]) -> ModeReads:
+    reads = [r for f in forwards for r in f.reads]
+    last = _latest(reads)
+    declared = forwards[0].decision.declared
+    return ModeReads(
+        runner=runner,
+        mode=mode,
+        declared=declared.boundary,
+        declared_by=declared.source,
+        record_points={f.record_point for f in forwards},
+        forwards=len(forwards),
+        reads=len(reads),
+        reads_after_point=sum(r.after_record_point for r in reads),
+        last=last,
+    )
+
+
+def _latest(reads: list[SharedRead]) -> SharedRead | None:
+    """The read latest in stream order: the highest launch, and within one launch the last
+    (a forward's reads are appended in the order they ran)."""
+    last: SharedRead | None = None
+    for read in reads:
+        if last is None or read.launch >= last.launch:
+            last = read
+    return last
+
+
+# -- the probe and the dispatch mode -------------------------------------------------------
+
+
+class _Work:
+    """What the mode appends to: one launched piece of work of one forward."""
+
+    __slots__ = ("after", "label", "launch", "reads", "storages")
+
+    def __init__(
+        self,
+        reads: list[SharedRead],
+        label: str,
+        launch: int,
+        after: bool,
+        storages: dict[int, str],
+    ) -> None:
+        self.reads = reads
+        self.label = label
+        self.launch = launch
+        self.after = after
+        self.storages = storages
+
+    def add(self, buffer: str, op: str, declared: bool) -> None:
+        where = _backend_method()
+        read = SharedRead(buffer, op, self.label, self.launch, self.after, where, declared)
+        # list.append is atomic: the work runs on a stream thread, the host reads after a sync.
+        self.reads.append(read)
+
+    def declared_read(self, tensor: torch.Tensor, kernel: str) -> None:
+        buffer = self.storages.get(tensor.untyped_storage().data_ptr())
+        if buffer is not None:
+            self.add(buffer, f"declared:{kernel}", declared=True)
+
+
+def _backend_method() -> str:
+    """The innermost attention-backend method on the stack (only called on a hit)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, AttentionBackend):
+            return f"{type(owner).__name__}.{frame.f_code.co_name}"
+        frame = frame.f_back
+    return ""
+
+
+_VIEW_CACHE: dict[Any, bool] = {}
+
+
+def _is_view(func: Any) -> bool:
+    """Ops whose result aliases an input without writing it (``view``, ``slice``, ...)."""
+    cached = _VIEW_CACHE.get(func)
+    if cached is None:
+        returns = func._schema.returns
+        alias = returns[0].alias_info if len(returns) == 1 else None
+        cached = alias is not None and not alias.is_write
+        _VIEW_CACHE[func] = cached
+    return cached
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+class _ReadMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    def __init__(self, work: _Work) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.work = work
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if not _is_view(func):
+            self._scan(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _scan(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        storages = self.work.storages
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                continue  # written (an ``out=`` or the self of an in-place op), not read
+            value = args[i] if not arg.kwarg_only and i < len(args) else kwargs.get(arg.name)
+            for tensor in _tensors(value):
+                buffer = storages.get(tensor.untyped_storage().data_ptr())
+                if buffer is not None:
+                    self.work.add(buffer, str(func), declared=False)
+
+
+class ReadTracer(ForwardProbe):
+    """A forward probe that records every shared read of every forward it sees."""
+
+    in_graph = False  # eager forwards only: it never acts inside a graph
+
+    def __init__(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        self._storages = _storages(buffers)
+        self.forwards: list[ForwardTrace] = []
+        self._current: ForwardTrace | None = None
+        self._passed = False
+
+    def begin(self, runner: ModelRunner, step: StepInput, decision: Decision) -> bool:
+        self._current = ForwardTrace(len(self.forwards), runner.name, step.forward_mode, decision)
+        self.forwards.append(self._current)
+        self._passed = False
+        # A graph replay runs work wrapped at capture: only eager record points can be marked.
+        return decision.record_point is not RecordPoint.IN_GRAPH_NODE
+
+    def wrap(self, runner: ModelRunner, label: str, fn: Work) -> Work:
+        forward = self._current
+        if forward is None:
+            return fn  # not inside a forward this tracer began (a capture): leave it alone
+        work = _Work(forward.reads, label, len(forward.launches), self._passed, self._storages)
+        forward.launches.append(label)
+
+        def traced() -> object:
+            with _ReadMode(work), listening_for_shared_reads(work.declared_read):
+                return fn()
+
+        return traced
+
+    def at_record_point(self, runner: ModelRunner, mode: ForwardMode, point: RecordPoint) -> None:
+        if self._current is not None:
+            self._passed = True
+            self._current.point_after = len(self._current.launches)
+
+    def end(
+        self, runner: ModelRunner, step: StepInput, fb: ForwardBatch, point: RecordPoint
+    ) -> None:
+        self._current = None
+
+
+def _storages(buffers: Mapping[str, torch.Tensor]) -> dict[int, str]:
+    return {t.untyped_storage().data_ptr(): name for name, t in buffers.items()}
+
+
+@contextmanager
+def watch_shared_reads(
+    buffers: Mapping[str, torch.Tensor], label: str = ""
+) -> Iterator[list[SharedRead]]:
+    """The reads of ``buffers`` by the ops this thread runs in the block (and the reads
+    declared with :func:`~warcore.attention.declare_shared_read`), as a list filled in place:
+    the tracer's core, for one piece of code."""
+    reads: list[SharedRead] = []
+    work = _Work(reads, label, 0, False, _storages(buffers))
+    with _ReadMode(work), listening_for_shared_reads(work.declared_read):
+        yield reads
+
+
+def trace_reads(
+    backend: str,
+    algorithm: str = "none",
+    *,
+    pm: WarcorePluginManager | None = None,
+    device: str = "sim",
+    requests: int | Sequence[Request] = DEFAULT_TRACE_REQUESTS,
+    seed: int = 0,
+    flags: Mapping[str, FlagValue] | None = None,
+    num_draft: int = 4,
+    model: ModelConfig | None = None,
+) -> ReadTrace:
+    """Serve a small trace eagerly (serial loop, no graphs) with the tracer on every runner;
+    ``model`` replaces the reference model's configuration."""
+    from warcore.engine import Engine
+
+    pm = pm if pm is not None else get_plugin_manager()
+    config = engine_config(
+        backend, algorithm, flags=flags, use_graphs=False, num_draft=num_draft, model=model
+    )
+    trace = trace_for(requests, seed)
+    with Engine(config, device=device, pm=pm) as engine:
+        tracer = ReadTracer(engine.pool.shared_buffers())
+        draft: RunnerGroup | None = getattr(engine.worker, "draft", None)
+        for group in [engine.target] + ([draft] if draft is not None else []):
+            group.set_probe(tracer)
+        engine.run(trace)
+        engine.device.synchronize()
+    return ReadTrace(backend, algorithm, tracer.forwards)
