@@ -234,20 +234,25 @@ class WarcorePluginManager(pluggy.PluginManager):
             entry_points = md.entry_points(group=ENTRY_POINT_GROUP)
         # Reading a distribution's metadata parses a file: once per entry point.
         named = sorted(
-            (((ep.name, _dist_name(ep) or ""), ep) for ep in entry_points), key=lambda p: p[0]
+            (
+                ((ep.name, dist or ""), version, ep)
+                for ep in entry_points
+                for dist, version in [_dist_info(ep)]
+            ),
+            key=lambda p: p[0],
         )
         allow = self.config.allowlist
         allow_canon = None if allow is None else {_canonical(n) for n in allow}
         blocked_canon = {_canonical(n) for n in self.config.blocked}
         matched: set[str] = set()
         owners: dict[str, str | None] = {}
-        for (_, dist_or_empty), ep in named:
+        for (_, dist_or_empty), version, ep in named:
             dist = dist_or_empty or None
             keys = {_canonical(ep.name)} | ({_canonical(dist)} if dist else set())
             base = PluginInfo(
                 name=ep.name,
                 distribution=dist,
-                version=_dist_version(ep),
+                version=version,
                 status="disabled",
                 value=ep.value,
             )
@@ -327,14 +332,13 @@ def _own_version() -> str | None:
         return None
 
 
-def _dist_name(ep: md.EntryPoint) -> str | None:
+def _dist_info(ep: md.EntryPoint) -> tuple[str | None, str | None]:
+    """The entry point's distribution name and version, from one read of its metadata."""
     dist = getattr(ep, "dist", None)
-    return None if dist is None else str(dist.metadata["Name"])
-
-
-def _dist_version(ep: md.EntryPoint) -> str | None:
-    dist = getattr(ep, "dist", None)
-    return None if dist is None else str(dist.version)
+    if dist is None:
+        return None, None
+    meta = dist.metadata
+    return str(meta["Name"]), str(meta["Version"])
 
 
 _manager: WarcorePluginManager | None = None
