@@ -49,6 +49,7 @@ def _check_stats(stats: dict[str, float]) -> None:
 
 
 @pytest.mark.plugins("trtllm_mha")
+@pytest.mark.slow
 def test_overlap_writes_every_variant(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
 ) -> None:
@@ -87,6 +88,7 @@ def test_overlap_writes_every_variant(
 
 
 @pytest.mark.plugins("trtllm_mha")
+@pytest.mark.slow
 def test_sweep_writes_points_and_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
 ) -> None:
@@ -155,7 +157,9 @@ def test_startup_structure(
     assert set(settings) == {"installed", "installed+2", "installed, no bytecode"}
     base, more = settings["installed"], settings["installed+2"]
     assert more["active_plugins"] == base["active_plugins"] + 2
-    assert more["failed_plugins"] == [] and more["backends"] == base["backends"] + 2
+    # The generated plugins load (a cell of the plugin matrix may hold a broken one already).
+    assert more["failed_plugins"] == base["failed_plugins"]
+    assert more["backends"] == base["backends"] + 2
     for s in settings.values():
         assert set(s["ms"]) == set(bench_startup.PHASES)
     assert set(result["growth_ms_per_plugin"]) == set(bench_startup.PHASES)

@@ -178,6 +178,7 @@ def test_matrix_table_has_a_header_and_one_line_per_cell(
     assert len({len(line.split()) for line in lines[1:]}) == 1  # every cell filled
 
 
+@pytest.mark.clean_install
 def test_check_passes_on_the_clean_install() -> None:
     result = _warcore("check")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -18,6 +18,8 @@ from warcore.core import WarcorePluginManager
 from warcore.testing import DeclaredBackend, make_plugin_manager
 from warcore.tools.sanitizer import sanitize
 
+pytestmark = pytest.mark.slow  # 10 runs each; the plugin-matrix cells leave them to the main job
+
 RUNS = 10
 TINY: dict[str, Any] = {"requests": 3, "max_running": 2, "num_draft": 2, "model": TINY_MODEL}
 """Three requests, two graph buckets, two draft tokens, a two-layer model: every mode runs, in

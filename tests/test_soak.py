@@ -10,6 +10,7 @@ from warcore.tools.soak import soak
 pytestmark = pytest.mark.plugins()
 
 
+@pytest.mark.slow
 def test_a_bounded_soak_is_clean() -> None:
     report = soak(120, seed=3)
     assert report.steps >= 120 and report.segments >= 2
@@ -17,6 +18,7 @@ def test_a_bounded_soak_is_clean() -> None:
     assert report.clean, report.format()
 
 
+@pytest.mark.slow
 def test_the_soak_catches_an_early_declaration() -> None:
     from test_speculative import _deepseek_manager
 

@@ -22,16 +22,20 @@ from warcore.core import (
     get_registry,
     resolve_shared_read_boundary,
     resolve_war_publish_phase,
+    runner_kind_for,
 )
 from warcore.core._specs import FlagValue
 
 __all__ = ["RUNNER_OF_MODE", "MatrixRow", "build_matrix", "find_problems"]
 
+_PUBLISHING_MODES = (
+    ForwardMode.DECODE,
+    ForwardMode.TARGET_VERIFY,
+    ForwardMode.DRAFT_EXTEND_V2,
+    ForwardMode.EXTEND,
+)
 RUNNER_OF_MODE: Mapping[ForwardMode, RunnerKind] = {
-    ForwardMode.DECODE: RunnerKind.DECODE,
-    ForwardMode.TARGET_VERIFY: RunnerKind.DECODE,
-    ForwardMode.DRAFT_EXTEND_V2: RunnerKind.DRAFT_EXTEND,
-    ForwardMode.EXTEND: RunnerKind.PREFILL,
+    mode: runner_kind_for(mode) for mode in _PUBLISHING_MODES
 }
 """The runner that owns (and may publish for) each mode; other modes never publish."""
 
