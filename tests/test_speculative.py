@@ -221,3 +221,21 @@ def test_deepseek_verify_post_replay_never_corrupts() -> None:
         report = run(config, RACE_TRACE, pm=pm)
         assert _points(report, ForwardMode.TARGET_VERIFY) == {RecordPoint.POST_REPLAY}
         assert report.outputs == expected
+
+
+def test_a_verify_launched_after_the_request_already_finished_stays_in_its_slots() -> None:
+    """Found by the soak: with the overlap loop a verify may be launched before the host learns
+    that the previous one finished the request with tokens to spare; its positions then run
+    past max_new_tokens. They must stay inside the request's reserved slots, or they write
+    K/V into slots of other requests through stale row entries."""
+    trace = synthetic_trace(48, seed=5, output_len=(3, 14), mean_gap_steps=0.3)
+    expected = run(EngineConfig(loop="serial"), trace).outputs
+    sequences = [r.prompt + expected[r.rid] for r in trace]
+    pm = WarcorePluginManager(LoaderConfig())
+    pm.load_entry_points()
+    pm.register(OraclePlugin(sequences, corrupt=0.1))
+    with Engine(EngineConfig(backend="trtllm_mha", algorithm="oracle"), device="sim", pm=pm) as e:
+        for _ in range(3):
+            report = e.run(trace)
+            assert report.mean_accepted > 2
+            assert report.outputs == expected

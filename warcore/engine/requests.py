@@ -34,10 +34,13 @@ class Request:
         if self.max_new_tokens < 1:
             raise ValueError(f"request {self.rid}: max_new_tokens must be >= 1")
 
-    def kv_needed(self, num_draft: int = 0) -> int:
-        """KV positions over its lifetime: the last sampled token is never fed back, and a
-        verify writes ``num_draft`` positions past what it may accept."""
-        return len(self.prompt) + self.max_new_tokens - 1 + num_draft
+    def kv_budget(self, num_draft: int = 0) -> int:
+        """KV positions reserved for its lifetime. The last sampled token is never fed back;
+        with speculation a verify writes ``num_draft`` positions past what it may accept, and
+        the overlap loop may launch one more verify before it learns the previous one finished
+        the request (accepting up to ``num_draft`` tokens past ``max_new_tokens``), so a
+        request reserves ``2 * num_draft`` positions more."""
+        return len(self.prompt) + self.max_new_tokens - 1 + 2 * num_draft
 
     @property
     def guaranteed(self) -> bool:

@@ -63,7 +63,7 @@ class Scheduler:
         self.num_draft = num_draft
         self._extra_work = schedule_work(device, work_s)
         for req in requests:
-            need = req.kv_needed(num_draft)
+            need = req.kv_budget(num_draft)
             if need > pool.num_slots - 1 or need > pool.max_context:
                 raise ValueError(
                     f"request {req.rid} needs {need} KV positions; the pool has "
@@ -107,7 +107,7 @@ class Scheduler:
         tokens = 0
         while self.waiting and len(admitted) < cfg.max_prefill_requests:
             req = self.waiting[0]
-            need = req.kv_needed(self.num_draft)
+            need = req.kv_budget(self.num_draft)
             fits = (
                 len(self.running) + len(admitted) < cfg.max_running
                 and self.free_rows
@@ -141,14 +141,21 @@ class Scheduler:
         return Scheduled(step, admitted)
 
     def _decode(self) -> Scheduled | None:
-        batch = [r for r in self.running if not r.guaranteed]
+        width = self.num_draft + 1
+        # This forward writes positions kv_len .. kv_len + num_draft, where kv_len <= kv_bound.
+        # A request whose worst case would leave its reserved budget waits until the host has
+        # collected its forward in flight (with one in flight it never has to): writing past
+        # the budget would go through row entries that are not its own slots.
+        batch = [
+            r
+            for r in self.running
+            if not r.guaranteed and r.kv_bound + width <= r.kv_budget(self.num_draft)
+        ]
         if not batch:
             return None
-        width = self.num_draft + 1
         writes = _Writes()
         for req in batch:
-            # This forward writes positions kv_len .. kv_len + num_draft; kv_len <= kv_bound.
-            self._allocate(req, min(req.kv_bound + width, req.kv_needed(self.num_draft)), writes)
+            self._allocate(req, req.kv_bound + width, writes)
         self._write(*writes.lists())
         rows = [r.row for r in batch]
         if self.num_draft:
@@ -192,7 +199,7 @@ class Scheduler:
         if req not in self.running:
             return
         self.running.remove(req)
-        self.reserved -= req.kv_needed(self.num_draft) - len(req.slots)
+        self.reserved -= req.kv_budget(self.num_draft) - len(req.slots)
         self.free_rows.append(req.row)
         self.free_slots.extend(reversed(req.slots))
         self.free_swa.extend(reversed(req.swa_slots))
