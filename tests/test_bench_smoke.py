@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from warcore import cli
+from warcore.bench import startup as bench_startup
 from warcore.core import reset_plugin_manager
-from warcore.tools import bench_startup, cli
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 TINY = ["--requests", "3", "--repeat", "1", "--layer-ms", "0", "--quiet"]
@@ -167,7 +168,7 @@ def test_startup_structure(
 
 
 def test_sanitizer_structure(clean_env: None) -> None:
-    from warcore.tools import bench_sanitizer
+    from warcore.bench import sanitizer as bench_sanitizer
 
     result = bench_sanitizer.measure((("torch_native", "none"),), requests=2, repeat=1)
     (row,) = result["combinations"]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from warcore import cli
 from warcore.core import reset_plugin_manager
-from warcore.tools import cli
 
 pytestmark = pytest.mark.plugins()
 

@@ -14,12 +14,11 @@ from _audit_util import (
     UndeclaredHiddenReader,
 )
 
-from warcore import ForwardMode, RecordPoint, SharedReadBoundary
+from warcore import ForwardMode, RecordPoint, SharedReadBoundary, cli
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.audit._poison import SharedBufferPoison
+from warcore.audit.sanitizer import SanitizeReport, sanitize
 from warcore.testing import DeclaredBackend, make_plugin_manager
-from warcore.tools import cli
-from warcore.tools._poison import SharedBufferPoison
-from warcore.tools.sanitizer import SanitizeReport, sanitize
 
 SMALL: dict[str, Any] = {"requests": 3, "max_running": 2, "model": TINY_MODEL}
 """A tiny trace (three requests: prefill and decode), two graph buckets, a two-layer model."""

@@ -12,9 +12,9 @@ from _audit_util import TINY_MODEL, backend_class
 
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.audit.sanitizer import sanitize
+from warcore.audit.tracer import trace_reads
 from warcore.testing import DeclaredBackend, make_plugin_manager
-from warcore.tools.sanitizer import sanitize
-from warcore.tools.tracer import trace_reads
 
 pytestmark = pytest.mark.cuda
 

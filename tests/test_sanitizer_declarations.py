@@ -14,9 +14,9 @@ import pytest
 from _audit_util import TINY_MODEL, backend_class
 
 from warcore import ForwardMode, SharedReadBoundary
+from warcore.audit.sanitizer import sanitize
 from warcore.core import WarcorePluginManager
 from warcore.testing import DeclaredBackend, make_plugin_manager
-from warcore.tools.sanitizer import sanitize
 
 pytestmark = pytest.mark.slow  # 10 runs each; the plugin-matrix cells leave them to the main job
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from warcore import SharedReadBoundary
-from warcore.tools.soak import soak
+from warcore.audit.soak import soak
 
 pytestmark = pytest.mark.plugins()
 

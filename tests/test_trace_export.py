@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from warcore import cli
 from warcore.core import ForwardMode, RecordPoint, reset_plugin_manager
-from warcore.tools import cli
-from warcore.tools.trace_export import (
+from warcore.engine.trace_export import (
     DeviceSpan,
     ForwardRecord,
     Timeline,

@@ -15,11 +15,11 @@ from _audit_util import (
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.attention import declare_shared_read
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.audit.sanitizer import engine_config, trace_for
+from warcore.audit.tracer import ReadTracer, phase_name, trace_reads, watch_shared_reads
 from warcore.engine import Engine
 from warcore.engine.model import ModelConfig
 from warcore.testing import DeclaredBackend, make_plugin_manager
-from warcore.tools.sanitizer import engine_config, trace_for
-from warcore.tools.tracer import ReadTracer, phase_name, trace_reads, watch_shared_reads
 
 LAST_LAYER = f"layer {ModelConfig().layers - 1} attention"
 

@@ -1,5 +1,5 @@
 import sys
 
-from warcore.tools.cli import main
+from warcore.cli import main
 
 sys.exit(main())

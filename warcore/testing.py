@@ -31,6 +31,7 @@ from typing import Any, Literal
 import pytest
 
 from warcore.attention import AttentionBackend
+from warcore.audit.sanitizer import DEFAULT_REQUESTS, SanitizeReport, combinations, sanitize
 from warcore.core import (
     BUILTIN_PLUGIN_NAME,
     AlgorithmSpec,
@@ -44,7 +45,6 @@ from warcore.core import (
 )
 from warcore.core import _builtins as core_builtins
 from warcore.core._specs import FlagValue
-from warcore.tools.sanitizer import DEFAULT_REQUESTS, SanitizeReport, combinations, sanitize
 
 __all__ = [
     "CoreAlgorithms",
@@ -226,7 +226,7 @@ def assert_declarations_sound(
 
     Raises ``AssertionError`` listing each violation (with the read tracer's account of the
     mode's shared reads when ``explain``), or an engine error. Returns the reports otherwise.
-    ``options`` go to :func:`warcore.tools.sanitizer.sanitize` (``use_graphs``,
+    ``options`` go to :func:`warcore.audit.sanitizer.sanitize` (``use_graphs``,
     ``plant_node``, ``num_draft``, ...).
     """
     if backend is None and algorithm is None:
@@ -263,7 +263,7 @@ def _explain(
     device: str,
     flags: Mapping[str, FlagValue] | None,
 ) -> str:
-    from warcore.tools.tracer import trace_reads
+    from warcore.audit.tracer import trace_reads
 
     violation = report.violation
     assert violation is not None

@@ -1,4 +1,6 @@
-"""The reference overlap engine: tiny model, KV pool, scheduler, overlap loop."""
+"""The reference overlap engine: tiny model, KV pool, scheduler, overlap loop; its observers
+(:mod:`~warcore.engine.observe`) and the Perfetto trace export
+(:mod:`~warcore.engine.trace_export`), imported on use."""
 
 from warcore.engine.engine import FENCES, LOOPS, Engine, EngineConfig, EngineFailed, RunReport
 from warcore.engine.kv_pool import KVPool

@@ -44,6 +44,16 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from warcore.audit._poison import SharedBufferPoison
+from warcore.audit._sanitize_probe import (
+    ROW_STATE,
+    Diverged,
+    SanitizerProbe,
+    SanitizingWorker,
+    StepState,
+    barrier_sources,
+    mark_poisoned,
+)
 from warcore.core import (
     KNOWN_FAMILIES,
     Decision,
@@ -60,21 +70,11 @@ from warcore.core import (
     get_registry,
 )
 from warcore.core._specs import FlagValue
-from warcore.tools._poison import SharedBufferPoison
-from warcore.tools._sanitize_probe import (
-    ROW_STATE,
-    Diverged,
-    SanitizerProbe,
-    SanitizingWorker,
-    StepState,
-    barrier_sources,
-    mark_poisoned,
-)
 
 if TYPE_CHECKING:
+    from warcore.audit._sanitize_probe import ForwardRecord
     from warcore.engine import Engine, EngineConfig, ModelConfig, Request
     from warcore.runners import RunnerGroup
-    from warcore.tools._sanitize_probe import ForwardRecord
 
 __all__ = [
     "DEFAULT_REQUESTS",

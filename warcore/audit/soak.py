@@ -10,7 +10,6 @@ makes the exit status 1.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
     from warcore.core import WarcorePluginManager
     from warcore.engine import Engine, Request
 
-__all__ = ["SoakReport", "configure", "run", "soak"]
+__all__ = ["SoakReport", "soak"]
 
 
 @dataclass
@@ -64,9 +63,9 @@ def soak(
     pm: WarcorePluginManager | None = None,
     progress: bool = False,
 ) -> SoakReport:
+    from warcore.audit.sanitizer import combinations, sanitize
     from warcore.core import get_plugin_manager
     from warcore.engine import Engine, EngineConfig
-    from warcore.tools.sanitizer import combinations, sanitize
 
     if steps < 1:
         raise ValueError(f"--steps must be at least 1, got {steps}")
@@ -121,18 +120,3 @@ def _segment_trace(seed: int, n: int) -> list[Request]:
 
     gap = (0.3, 1.5, 3.0)[seed % 3]
     return synthetic_trace(n, seed=seed, output_len=(1, 24), mean_gap_steps=gap)
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=20_000, help="overlap-engine steps to run")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first segment")
-    parser.add_argument("--requests", type=int, default=24, help="requests per segment")
-    parser.add_argument("--progress", action="store_true", help="a line per segment")
-
-
-def run(args: argparse.Namespace) -> int:
-    report = soak(
-        args.steps, seed=args.seed, requests_per_segment=args.requests, progress=args.progress
-    )
-    print(report.format())
-    return 0 if report.clean else 1

@@ -24,7 +24,6 @@ like a real plugin) in a temporary folder on ``PYTHONPATH``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -33,16 +32,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from warcore.tools._bench_common import format_table, machine_info, summarise, write_result
+from warcore.bench._common import format_table, machine_info, summarise
 
-__all__ = ["configure", "generate_plugins", "measure", "run"]
+__all__ = ["PHASES", "generate_plugins", "measure", "table"]
 
 PHASES = ("import", "manager", "discover_load", "registry", "total")
 
 _CHILD = r"""
 import json, sys, time
 t_torch = time.perf_counter()
-import torch  # untimed: see warcore.tools.bench_startup
+import torch  # untimed: see warcore.bench.startup
 if sys.argv[1]:
     # Bytecode for everything imported from here on, in a private folder: the source tree
     # stays clean even where PYTHONDONTWRITEBYTECODE is set.
@@ -215,20 +214,3 @@ def table(result: dict[str, Any]) -> str:
     names = next(iter(result["settings"].values()))["plugin_names"]
     tail = f"installed plugins (active): {', '.join(names)} (warcore: the core's built-ins)"
     return "\n".join([head, format_table(["plugins", *PHASES], rows), tail])
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeat", type=int, default=7, help="measured rounds")
-    parser.add_argument("--plugins", type=int, default=50, help="generated plugins to add")
-    parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
-    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.repeat < 1 or args.plugins < 1:
-        print("warcore: error: --repeat and --plugins must be positive", file=sys.stderr)
-        return 2
-    result = measure(args.repeat, args.plugins, quiet=args.quiet or not sys.stderr.isatty())
-    print(table(result))
-    print(f"wrote {write_result('startup', result, args.json, getattr(args, 'argv', None))}")
-    return 0

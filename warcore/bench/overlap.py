@@ -3,7 +3,7 @@
 Both run the same seeded request trace through the reference engine with the serial loop, the
 coarse fence, the fine fence and no fence (unsafe: the upper bound of overlap), and read the
 forward stream's timeline from the device's work-item spans (see
-:mod:`warcore.tools.trace_export`).
+:mod:`warcore.engine.trace_export`).
 
 The model, stated in every result, because the tiny CPU forward is not a GPU's:
 
@@ -22,35 +22,28 @@ round, and every ratio is taken inside one round; results give the median and th
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from warcore.tools._bench_common import (
-    format_table,
-    machine_info,
-    summarise,
-    write_result,
-)
+from warcore.bench._common import format_table, machine_info, summarise
 
 if TYPE_CHECKING:
     from warcore.engine import EngineConfig, Request
 
 __all__ = [
     "SWEEP_FENCES",
-    "Variant",
     "RunSample",
+    "Settings",
+    "Variant",
     "calibrate",
-    "configure_overlap",
-    "configure_sweep",
     "measure_overlap",
     "measure_sweep",
-    "run_overlap",
-    "run_sweep",
+    "overlap_table",
     "run_variant",
+    "sweep_table",
 ]
 
 
@@ -80,6 +73,26 @@ DEFAULT_BACKEND = "trtllm_mha"
 DEFAULT_LAYER_MS = 4.0
 DEFAULT_SCHED_FRACTION = 0.4
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to measure: the trace, the engine and the model of device time."""
+
+    device: str = "sim"
+    backend: str = DEFAULT_BACKEND
+    requests: int = 24
+    seed: int = 0
+    repeat: int = 11
+    layer_ms: float = DEFAULT_LAYER_MS
+    """Modelled device time per layer, ms (sim only)."""
+    dtype: str = "float32"
+    quiet: bool = False
+    """No progress line on stderr."""
+    sched_frac: float = DEFAULT_SCHED_FRACTION
+    """Overlap: scheduler device work per step, as a fraction of the forward's time."""
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    """Sweep: the fractions measured, ascending."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +132,7 @@ def run_variant(
 ) -> tuple[RunSample, dict[int, list[int]]]:
     """Run ``trace`` once with ``variant`` on a fresh engine; the sample and the outputs."""
     from warcore.engine import Engine
-    from warcore.tools.trace_export import SCHEDULE_STREAM, Timeline, TraceRecorder
+    from warcore.engine.trace_export import SCHEDULE_STREAM, Timeline, TraceRecorder
 
     cfg = replace(
         base,
@@ -178,36 +191,34 @@ def calibrate(base: EngineConfig, trace: list[Request], device: str) -> tuple[fl
     return sample.step_ms / 1e3, "wall time per step (the device reports no spans)"
 
 
-def _base_config(args: argparse.Namespace) -> EngineConfig:
+def _base_config(settings: Settings) -> EngineConfig:
     import torch
 
     from warcore.engine import EngineConfig, ModelConfig
 
-    layer_s = args.layer_ms / 1e3
-    if args.device != "sim" and layer_s:
+    layer_s = settings.layer_ms / 1e3
+    if settings.device != "sim" and layer_s:
         layer_s = 0.0  # a real device's kernels take their own time; nothing to model
     return EngineConfig(
-        model=ModelConfig(dtype=getattr(torch, args.dtype)),
-        backend=args.backend,
+        model=ModelConfig(dtype=getattr(torch, settings.dtype)),
+        backend=settings.backend,
         modelled_layer_s=layer_s,
     )
 
 
-def _model_info(
-    base: EngineConfig, args: argparse.Namespace, trace: list[Request]
-) -> dict[str, Any]:
+def _model_info(base: EngineConfig, settings: Settings, trace: list[Request]) -> dict[str, Any]:
     return {
-        "device": args.device,
+        "device": settings.device,
         "backend": base.backend,
         "algorithm": base.algorithm,
-        "dtype": args.dtype,
+        "dtype": settings.dtype,
         "layers": base.model.layers,
         "modelled_layer_s": base.modelled_layer_s,
         "use_graphs": base.use_graphs,
         "requests": len(trace),
-        "seed": args.seed,
+        "seed": settings.seed,
         "max_new_tokens_total": sum(r.max_new_tokens for r in trace),
-        "repeat": args.repeat,
+        "repeat": settings.repeat,
     }
 
 
@@ -244,26 +255,26 @@ def _stat(samples: Sequence[RunSample], field: str) -> dict[str, float] | None:
 # -- overlap ---------------------------------------------------------------------------------
 
 
-def measure_overlap(args: argparse.Namespace) -> dict[str, Any]:
+def measure_overlap(settings: Settings) -> dict[str, Any]:
     from warcore.engine import synthetic_trace
 
-    say = _progress(sys.stderr.isatty() and not args.quiet)
-    trace = synthetic_trace(args.requests, seed=args.seed)
-    base = _base_config(args)
+    say = _progress(sys.stderr.isatty() and not settings.quiet)
+    trace = synthetic_trace(settings.requests, seed=settings.seed)
+    base = _base_config(settings)
     say("overlap: calibrating the forward time")
-    forward_s, how = calibrate(base, trace, args.device)
-    base = replace(base, schedule_work_s=args.sched_frac * forward_s)
+    forward_s, how = calibrate(base, trace, settings.device)
+    base = replace(base, schedule_work_s=settings.sched_frac * forward_s)
     variants = OVERLAP_VARIANTS
     say("overlap: oracle and warm-up round")
-    _, oracle = run_variant(base, SERIAL, trace, args.device)
+    _, oracle = run_variant(base, SERIAL, trace, settings.device)
     for v in variants:
-        run_variant(base, v, trace, args.device)
+        run_variant(base, v, trace, settings.device)
     rounds: list[dict[str, RunSample]] = []
-    for r in range(args.repeat):
+    for r in range(settings.repeat):
         rnd: dict[str, RunSample] = {}
         for v in _rotated(variants, r):
-            say(f"overlap: round {r + 1}/{args.repeat}: {v.name}")
-            rnd[v.name], _ = run_variant(base, v, trace, args.device, oracle)
+            say(f"overlap: round {r + 1}/{settings.repeat}: {v.name}")
+            rnd[v.name], _ = run_variant(base, v, trace, settings.device, oracle)
         rounds.append(rnd)
     say("")
     results = {}
@@ -285,11 +296,11 @@ def measure_overlap(args: argparse.Namespace) -> dict[str, Any]:
             "runs": [s.as_dict() for s in samples],
         }
     return {
-        "model": _model_info(base, args, trace)
+        "model": _model_info(base, settings, trace)
         | {
             "forward_s": forward_s,
             "forward_s_measured_as": how,
-            "schedule_work_fraction": args.sched_frac,
+            "schedule_work_fraction": settings.sched_frac,
             "schedule_work_s": base.schedule_work_s,
         },
         "variants": results,
@@ -304,7 +315,7 @@ def measure_overlap(args: argparse.Namespace) -> dict[str, Any]:
                 rounds, FINE.name, FINE_AGAIN.name, "tokens_per_s"
             ),
         },
-        "machine": machine_info(args.device),
+        "machine": machine_info(settings.device),
     }
 
 
@@ -363,83 +374,32 @@ def overlap_table(result: dict[str, Any]) -> str:
     return "\n".join([head, table, tail])
 
 
-def _add_common(parser: argparse.ArgumentParser, requests: int, repeat: int) -> None:
-    parser.add_argument("--device", default="sim", help="sim (default) or cuda")
-    parser.add_argument("--backend", default=DEFAULT_BACKEND, help="attention backend")
-    parser.add_argument("--requests", type=int, default=requests, help="requests in the trace")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
-    parser.add_argument("--repeat", type=int, default=repeat, help="measured rounds")
-    parser.add_argument(
-        "--layer-ms",
-        type=float,
-        default=DEFAULT_LAYER_MS,
-        help="modelled device time per layer, ms (sim only)",
-    )
-    parser.add_argument(
-        "--dtype", default="float32", choices=("float32", "float64"), help="model dtype"
-    )
-    parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
-    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
-
-
-def configure_overlap(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser, requests=24, repeat=11)
-    parser.add_argument(
-        "--sched-frac",
-        type=float,
-        default=DEFAULT_SCHED_FRACTION,
-        help="scheduler device work per step, as a fraction of the forward's time",
-    )
-
-
-def _argv(args: argparse.Namespace) -> list[str] | None:
-    argv: list[str] | None = getattr(args, "argv", None)
-    return argv
-
-
-def _check_sizes(args: argparse.Namespace) -> str | None:
-    if args.requests < 1 or args.repeat < 1:
-        return "--requests and --repeat must be positive"
-    if args.layer_ms < 0:
-        return "--layer-ms must be >= 0"
-    return None
-
-
-def run_overlap(args: argparse.Namespace) -> int:
-    problem = _check_sizes(args) or ("--sched-frac must be >= 0" if args.sched_frac < 0 else None)
-    if problem:
-        print(f"warcore: error: {problem}", file=sys.stderr)
-        return 2
-    result = measure_overlap(args)
-    print(overlap_table(result))
-    print(f"wrote {write_result('overlap', result, args.json, _argv(args))}")
-    return 0
-
-
 # -- sweep -----------------------------------------------------------------------------------
 
 
-def measure_sweep(args: argparse.Namespace) -> dict[str, Any]:
+def measure_sweep(settings: Settings) -> dict[str, Any]:
     from warcore.engine import synthetic_trace
 
-    say = _progress(sys.stderr.isatty() and not args.quiet)
-    trace = synthetic_trace(args.requests, seed=args.seed)
-    base = _base_config(args)
+    say = _progress(sys.stderr.isatty() and not settings.quiet)
+    trace = synthetic_trace(settings.requests, seed=settings.seed)
+    base = _base_config(settings)
     say("sweep: calibrating the forward time")
-    forward_s, how = calibrate(base, trace, args.device)
-    fractions: list[float] = args.fractions
+    forward_s, how = calibrate(base, trace, settings.device)
+    fractions = settings.fractions
     say("sweep: warm-up")
     for v in SWEEP_FENCES:
-        run_variant(replace(base, schedule_work_s=forward_s * fractions[-1]), v, trace, args.device)
+        run_variant(
+            replace(base, schedule_work_s=forward_s * fractions[-1]), v, trace, settings.device
+        )
     # samples[point][round][variant]
     samples: list[list[dict[str, RunSample]]] = [[] for _ in fractions]
-    for r in range(args.repeat):
+    for r in range(settings.repeat):
         for i, frac in enumerate(fractions):
             cfg = replace(base, schedule_work_s=forward_s * frac)
             rnd: dict[str, RunSample] = {}
             for v in _rotated(SWEEP_FENCES, r + i):
-                say(f"sweep: round {r + 1}/{args.repeat}, work {frac:.0%} of F: {v.name}")
-                rnd[v.name], _ = run_variant(cfg, v, trace, args.device)
+                say(f"sweep: round {r + 1}/{settings.repeat}, work {frac:.0%} of F: {v.name}")
+                rnd[v.name], _ = run_variant(cfg, v, trace, settings.device)
             samples[i].append(rnd)
     say("")
     points = []
@@ -476,7 +436,7 @@ def measure_sweep(args: argparse.Namespace) -> dict[str, Any]:
         if p["fraction"] >= 0.2 and p["fine_over_coarse_tokens_per_s"]
     ]
     return {
-        "model": _model_info(base, args, trace)
+        "model": _model_info(base, settings, trace)
         | {"forward_s": forward_s, "forward_s_measured_as": how},
         "points": points,
         "checks": {
@@ -490,7 +450,7 @@ def measure_sweep(args: argparse.Namespace) -> dict[str, Any]:
                 default=None,
             ),
         },
-        "machine": machine_info(args.device),
+        "machine": machine_info(settings.device),
     }
 
 
@@ -530,48 +490,3 @@ def sweep_table(result: dict[str, Any]) -> str:
     ahead = c["fine_ahead_of_coarse_from_20_percent"]
     tail = f"fine ahead of coarse (median tokens/s) at every point with work >= 20% of F: {ahead}"
     return "\n".join([head, table, tail])
-
-
-def _fractions(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError("fractions must be >= 0, at least one")
-    return sorted(values)
-
-
-def configure_sweep(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser, requests=24, repeat=4)
-    parser.add_argument(
-        "--fractions",
-        type=_fractions,
-        default=list(DEFAULT_FRACTIONS),
-        help="scheduler work per step as fractions of the forward's time (comma list)",
-    )
-    parser.add_argument("--plot", metavar="FILE", help="also draw the sweep to FILE (PNG)")
-
-
-def run_sweep(args: argparse.Namespace) -> int:
-    problem = _check_sizes(args)
-    if problem:
-        print(f"warcore: error: {problem}", file=sys.stderr)
-        return 2
-    if args.plot:
-        from warcore.tools import plot
-
-        missing = plot.missing_matplotlib()
-        if missing:  # say so before minutes of measuring, not after
-            print(f"warcore: error: {missing}", file=sys.stderr)
-            return 2
-    result = measure_sweep(args)
-    print(sweep_table(result))
-    print(f"wrote {write_result('sweep', result, args.json, _argv(args))}")
-    if args.plot:
-        from warcore.tools import plot
-
-        print(f"wrote {plot.plot_sweep(result, args.plot)}")
-    return 0

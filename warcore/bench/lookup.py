@@ -8,16 +8,13 @@ hook call. This measures, in one process and one run, the three things that clai
 * ``direct``: a method call on a small object (the floor for "doing anything" per replay);
 * ``pluggy``: ``pm.hook.warcore_shared_read_boundary(...)`` through the installed plugins.
 
-Run ``warcore bench lookup`` or ``python -m warcore.tools.bench_lookup``; ``--json FILE`` writes
-the numbers. Each is timeit's best of ``--repeat`` runs of ``--number`` calls, in ns per call.
+``warcore bench lookup`` runs it (:mod:`warcore.cli.bench`); ``--json FILE`` writes the
+numbers. Each is timeit's best of ``--repeat`` runs of ``--number`` calls, in ns per call.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
-import sys
 import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +34,7 @@ from warcore.core import (
     get_plugin_manager,
 )
 
-__all__ = ["BenchResult", "configure", "main", "measure", "run"]
+__all__ = ["BenchResult", "measure", "table"]
 
 _BACKEND = "trtllm_mha"
 _MODE = ForwardMode.DECODE
@@ -111,7 +108,8 @@ _LABELS = {
 }
 
 
-def _report(result: BenchResult) -> str:
+def table(result: BenchResult) -> str:
+    """The result as the text ``warcore bench lookup`` prints."""
     ratios = result.ratios()
     lines = [
         f"best of {result.repeat} x {result.number} calls; pluggy hookimpls: "
@@ -121,33 +119,3 @@ def _report(result: BenchResult) -> str:
     for name, ns in result.ns_per_call.items():
         lines.append(f"{_LABELS[name]:<66}  {ns:>8.1f}  {ratios[name]:>8.2f}")
     return "\n".join(lines)
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--number", type=int, default=100_000, help="calls per timing run")
-    parser.add_argument("--repeat", type=int, default=5, help="timing runs; the best is kept")
-    parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.number < 1 or args.repeat < 1:
-        print("warcore: error: --number and --repeat must be positive", file=sys.stderr)
-        return 2
-    result = measure(number=args.number, repeat=args.repeat)
-    print(_report(result))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result.as_dict(), fh, indent=2)
-            fh.write("\n")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m warcore.tools.bench_lookup [...]`` is ``warcore bench lookup [...]``."""
-    from warcore.tools.cli import main as cli_main
-
-    return cli_main(["bench", "lookup", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

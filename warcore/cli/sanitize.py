@@ -11,16 +11,18 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from warcore.cli._common import Command, UsageError, parse_flag, plugin_manager, print_table
+
 if TYPE_CHECKING:
+    from warcore.audit.sanitizer import Combination, ModeSummary, SanitizeReport
+    from warcore.audit.tracer import ReadTrace
     from warcore.core import WarcorePluginManager
     from warcore.core._specs import FlagValue
-    from warcore.tools.sanitizer import Combination, ModeSummary, SanitizeReport
-    from warcore.tools.tracer import ReadTrace
 
-__all__ = ["configure", "run"]
+__all__ = ["SANITIZE"]
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", action="append", default=[], metavar="NAME", help="backend (repeatable)"
     )
@@ -57,9 +59,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, flags: dict[str, FlagValue], pm: WarcorePluginManager) -> int:
+def _run(args: argparse.Namespace) -> int:
+    from warcore.core import DuplicateNameError, UnknownNameError
+    from warcore.device import DeviceError
+
+    flags = dict(parse_flag(f) for f in args.flag)
+    pm = plugin_manager()
+    try:
+        return _sanitize_all(args, flags, pm)
+    except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _sanitize_all(
+    args: argparse.Namespace, flags: dict[str, FlagValue], pm: WarcorePluginManager
+) -> int:
     """Exit status: 0 every combination sound, 1 a violation or an engine error."""
-    from warcore.tools.sanitizer import combinations
+    from warcore.audit.sanitizer import combinations
 
     if args.requests < 1:
         raise ValueError(f"--requests must be at least 1, got {args.requests}")
@@ -67,7 +83,7 @@ def run(args: argparse.Namespace, flags: dict[str, FlagValue], pm: WarcorePlugin
         raise ValueError("say what to sanitize: --backend NAME, --algorithm NAME, or --all")
     combos = combinations(pm, args.backend, args.algorithm, args.device)
     reports = [_sanitize(args, flags, pm, combo) for combo in combos]
-    _print_table(reports)
+    _print_reports(reports)
     problems = [r for r in reports if not r.sound]
     for report in problems:
         print()
@@ -89,7 +105,7 @@ def _sanitize(
     pm: WarcorePluginManager,
     combo: Combination,
 ) -> SanitizeReport:
-    from warcore.tools.sanitizer import SanitizeReport, sanitize
+    from warcore.audit.sanitizer import SanitizeReport, sanitize
 
     if combo.skipped is not None:
         report = SanitizeReport(combo.backend, combo.algorithm, args.device, args.requests)
@@ -119,7 +135,7 @@ def _mode_cell(m: ModeSummary) -> str:
     return f"{runner}{m.mode.name} {m.declared.name}->{points}"
 
 
-def _print_table(reports: list[SanitizeReport]) -> None:
+def _print_reports(reports: list[SanitizeReport]) -> None:
     headers = ("BACKEND", "ALGORITHM", "MODE DECLARED->RECORD POINT", "CHECKED", "VERDICT")
     rows = [
         (
@@ -131,10 +147,7 @@ def _print_table(reports: list[SanitizeReport]) -> None:
         )
         for r in reports
     ]
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
-    for line in (headers, *rows):
-        cells = [str(c).ljust(w) for c, w in zip(line[:-1], widths, strict=False)]
-        print("  ".join([*cells, str(line[-1])]).rstrip())
+    print_table(headers, rows)
 
 
 # -- --explain -----------------------------------------------------------------------------
@@ -146,7 +159,7 @@ def _trace(
     pm: WarcorePluginManager,
     combo: Combination,
 ) -> ReadTrace:
-    from warcore.tools.tracer import DEFAULT_TRACE_REQUESTS, trace_reads
+    from warcore.audit.tracer import DEFAULT_TRACE_REQUESTS, trace_reads
 
     return trace_reads(
         combo.backend,
@@ -170,3 +183,10 @@ def _explain(trace: ReadTrace) -> str:
             f"{points}{'; ' + after if after else ''}"
         )
     return "\n".join(lines)
+
+
+SANITIZE = Command(
+    "poison the shared buffers at every read-done point and check no output changes",
+    _configure,
+    _run,
+)

@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from warcore.attention import AttentionBackend
 from warcore.attention._reads import listening_for_shared_reads
+from warcore.audit.sanitizer import engine_config, trace_for
 from warcore.core import (
     Decision,
     ForwardMode,
@@ -40,7 +41,6 @@ from warcore.core import (
 from warcore.core._specs import FlagValue
 from warcore.runners import ForwardBatch, ForwardProbe, ModelRunner, StepInput
 from warcore.runners._probe import Work
-from warcore.tools.sanitizer import engine_config, trace_for
 
 if TYPE_CHECKING:
     from warcore.engine import ModelConfig, Request

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from warcore.audit._poison import SharedBufferPoison
 from warcore.core import Decision, ForwardMode, RecordPoint
 from warcore.device import Device, Stream
 from warcore.engine.spec import Worker
@@ -26,7 +27,6 @@ from warcore.runners import (
     StepInput,
     StepOutput,
 )
-from warcore.tools._poison import SharedBufferPoison
 
 __all__ = [
     "Diverged",

@@ -6,14 +6,17 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from warcore.cli._common import Command, UsageError, parse_flag, plugin_manager
+
 if TYPE_CHECKING:
+    from warcore.core._specs import FlagValue
     from warcore.engine import EngineConfig, RunReport
-    from warcore.tools.trace_export import TraceRecorder
+    from warcore.engine.trace_export import TraceRecorder
 
-__all__ = ["configure", "format_report", "run"]
+__all__ = ["RUN", "format_report"]
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="sim or cuda (default: cuda if present)")
     parser.add_argument("--backend", default="torch_native", help="attention backend name")
     parser.add_argument("--algorithm", default="none", help="speculative algorithm name")
@@ -85,7 +88,19 @@ class _ProgressBar:
         self.stream.flush()
 
 
-def run(args: argparse.Namespace, flags: dict[str, bool | int | str]) -> int:
+def _run(args: argparse.Namespace) -> int:
+    from warcore.core import DuplicateNameError, UnknownNameError
+    from warcore.device import DeviceError
+
+    flags = dict(parse_flag(f) for f in args.flag)
+    plugin_manager()
+    try:
+        return _serve(args, flags)
+    except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
     import torch
 
     from warcore.engine import Engine, EngineConfig, ModelConfig, synthetic_trace
@@ -113,7 +128,7 @@ def run(args: argparse.Namespace, flags: dict[str, bool | int | str]) -> int:
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     recorder, trace_note = None, None
     if args.trace:
-        from warcore.tools.trace_export import TraceRecorder
+        from warcore.engine.trace_export import TraceRecorder
 
         recorder = TraceRecorder()
     with Engine(config, device=args.device) as engine:
@@ -134,7 +149,7 @@ def run(args: argparse.Namespace, flags: dict[str, bool | int | str]) -> int:
 
 
 def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
-    from warcore.tools.trace_export import write_chrome_trace
+    from warcore.engine.trace_export import write_chrome_trace
 
     cfg = report.config
     meta = {
@@ -198,3 +213,8 @@ def format_report(report: RunReport) -> str:
 
 def _by_name(item: tuple[object, int]) -> str:
     return getattr(item[0], "name", "")
+
+
+RUN = Command(
+    "serve a seeded request trace with the reference overlap engine and report", _configure, _run
+)

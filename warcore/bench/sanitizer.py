@@ -1,11 +1,11 @@
 """The WAR sanitizer's cost per forward: ``warcore bench sanitizer``.
 
 For each backend x algorithm, in rounds (the order rotates each round), the same trace and the
-same engine configuration (:func:`warcore.tools.sanitizer.engine_config`: the serial loop, the
+same engine configuration (:func:`warcore.audit.sanitizer.engine_config`: the serial loop, the
 reference model in float64) is served
 
 * ``plain``: by a bare engine (``engine.run`` timed, after the graph-capture warm-up finished);
-* ``sanitize``: by :func:`warcore.tools.sanitizer.sanitize`, which serves it twice, a clean
+* ``sanitize``: by :func:`warcore.audit.sanitizer.sanitize`, which serves it twice, a clean
   instrumented run and a poisoned one, and compares them; its own ``run_s`` gives the two
   ``engine.run`` times, and ``elapsed_s`` everything (both engines built, both runs, the
   comparison).
@@ -16,22 +16,20 @@ sanitizer is a test-time tool; this says what a conformance check costs, not a s
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from typing import Any
 
-from warcore.tools._bench_common import format_table, machine_info, summarise, write_result
+from warcore.bench._common import format_table, machine_info, summarise
 
-__all__ = ["COMBINATIONS", "configure", "measure", "run"]
+__all__ = ["COMBINATIONS", "measure", "table"]
 
 COMBINATIONS = (("torch_native", "none"), ("trtllm_mha", "none"), ("deepseek_v4", "dflash"))
 
 
 def _plain_run(backend: str, algorithm: str, requests: int, seed: int) -> tuple[float, int]:
     """Seconds of ``engine.run`` and forwards launched, without the sanitizer."""
+    from warcore.audit.sanitizer import engine_config, trace_for
     from warcore.engine import Engine
-    from warcore.tools.sanitizer import engine_config, trace_for
 
     config = engine_config(backend, algorithm)
     trace = trace_for(requests, seed)
@@ -45,7 +43,7 @@ def _plain_run(backend: str, algorithm: str, requests: int, seed: int) -> tuple[
 
 
 def _sanitized(backend: str, algorithm: str, requests: int, seed: int) -> dict[str, Any]:
-    from warcore.tools.sanitizer import sanitize
+    from warcore.audit.sanitizer import sanitize
 
     report = sanitize(backend, algorithm, requests=requests, seed=seed)
     return {
@@ -120,7 +118,7 @@ def measure(
     return {
         "model": {
             "device": "sim",
-            "config": "warcore.tools.sanitizer.engine_config (serial loop, float64, max_running 8)",
+            "config": "warcore.audit.sanitizer.engine_config (serial loop, float64, max_running 8)",
             "requests": requests,
             "seed": seed,
             "repeat": repeat,
@@ -165,20 +163,3 @@ def table(result: dict[str, Any]) -> str:
     if result["skipped"]:
         lines.append(f"skipped (not installed): {', '.join(result['skipped'])}")
     return "\n".join(lines)
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=10, help="requests in the trace")
-    parser.add_argument("--repeat", type=int, default=3, help="measured rounds")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
-    parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.requests < 1 or args.repeat < 1:
-        print("warcore: error: --requests and --repeat must be positive", file=sys.stderr)
-        return 2
-    result = measure(requests=args.requests, repeat=args.repeat, seed=args.seed)
-    print(table(result))
-    print(f"wrote {write_result('sanitizer', result, args.json, getattr(args, 'argv', None))}")
-    return 0

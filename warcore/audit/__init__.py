@@ -1,0 +1,19 @@
+"""The mechanical audit of boundary declarations.
+
+* :mod:`~warcore.audit.matrix`: what ``warcore matrix`` and ``warcore check`` compute, every
+  backend x mode x algorithm resolved, and the problems found in it (static; imports only the
+  core);
+* :mod:`~warcore.audit.sanitizer`: the WAR sanitizer, which poisons the shared buffers from each
+  read-done point on and checks that no output changes (with its private
+  :mod:`~warcore.audit._poison` and :mod:`~warcore.audit._sanitize_probe`);
+* :mod:`~warcore.audit.tracer`: the read tracer, which says where a forward's last shared read
+  really is;
+* :mod:`~warcore.audit.soak`: a long random overlap run, every segment checked against serial
+  tokens and sanitized.
+
+:mod:`warcore.testing` is the public entry for plugin authors and imports from here.
+
+May import ``warcore.core``, ``device``, ``runners``, ``attention`` and ``engine``; never
+``warcore.cli`` or ``warcore.bench``. This file imports nothing, so that importing
+``warcore.audit.matrix`` stays light (the sanitizer and the tracer import torch).
+"""

@@ -1,0 +1,80 @@
+"""The ``warcore`` command line (also ``python -m warcore``): argument parsing and printing.
+
+One module per command (:mod:`~warcore.cli.plugins` holds ``plugins``, ``matrix`` and
+``check``; then :mod:`~warcore.cli.bench`, :mod:`~warcore.cli.run`,
+:mod:`~warcore.cli.sanitize`, :mod:`~warcore.cli.soak`), each thin: it parses, calls the
+capability, prints. Each exports one :class:`Command` per subcommand: a help line, a function
+that adds its arguments and a function that runs it and returns the exit status. To add a
+command, write such a module and add an entry to :data:`_COMMANDS`; import anything heavy
+(torch, the engine, the sanitizer) inside the run function so that ``warcore plugins`` stays
+fast and works without a device.
+
+May import every other part of warcore; nothing in warcore imports it (``warcore.__main__``
+and the ``warcore`` console script aside).
+
+Exit status: 0 ok, 1 problems found (``check``) or a plugin failed under strict mode, 2 bad
+usage or a malformed ``WARCORE_*`` environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from warcore.cli._common import PROG, Command, UsageError
+from warcore.cli.bench import BENCH
+from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
+from warcore.cli.run import RUN
+from warcore.cli.sanitize import SANITIZE
+from warcore.cli.soak import SOAK
+from warcore.core import PluginLoadError
+
+__all__ = ["Command", "main"]
+
+_COMMANDS: dict[str, Command] = {
+    "plugins": PLUGINS,
+    "matrix": MATRIX,
+    "check": CHECK,
+    "bench": BENCH,
+    "run": RUN,
+    "sanitize": SANITIZE,
+    "soak": SOAK,
+}
+
+
+def _add_commands(parser: argparse.ArgumentParser, commands: dict[str, Command], dest: str) -> None:
+    sub = parser.add_subparsers(dest=dest, metavar="COMMAND", required=True)
+    for name, command in commands.items():
+        command.configure(sub.add_parser(name, help=command.help, description=command.help))
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Inspect and check warcore's read-done fence declarations."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log fallbacks (debug)")
+    _add_commands(parser, _COMMANDS, dest="command")
+    return parser
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format=f"{PROG}: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # benchmarks record their command
+    _setup_logging(args.verbose)
+    try:
+        return _COMMANDS[args.command].run(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except PluginLoadError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1

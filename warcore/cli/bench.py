@@ -1,0 +1,344 @@
+"""``warcore bench``: one subcommand per benchmark, ``all``, and ``--plot`` of a saved sweep.
+
+Each subcommand parses its options, calls the measurement in :mod:`warcore.bench`, prints its
+table and writes its JSON result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from warcore.bench import (
+    command_line,
+    lookup,
+    machine_info,
+    overlap,
+    result_path,
+    sanitizer,
+    startup,
+    write_result,
+)
+from warcore.cli._common import Command, UsageError, plugin_manager
+
+__all__ = ["BENCH"]
+
+
+def _argv(args: argparse.Namespace) -> list[str] | None:
+    argv: list[str] | None = getattr(args, "argv", None)
+    return argv
+
+
+def _error(problem: str) -> int:
+    print(f"warcore: error: {problem}", file=sys.stderr)
+    return 2
+
+
+# -- lookup --------------------------------------------------------------------------------
+
+
+def _configure_lookup(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--number", type=int, default=100_000, help="calls per timing run")
+    parser.add_argument("--repeat", type=int, default=5, help="timing runs; the best is kept")
+    parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
+
+
+def _run_lookup(args: argparse.Namespace) -> int:
+    if args.number < 1 or args.repeat < 1:
+        return _error("--number and --repeat must be positive")
+    result = lookup.measure(number=args.number, repeat=args.repeat)
+    print(lookup.table(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result.as_dict(), fh, indent=2)
+            fh.write("\n")
+    return 0
+
+
+# -- overlap and sweep ---------------------------------------------------------------------
+
+
+def _add_common(parser: argparse.ArgumentParser, requests: int, repeat: int) -> None:
+    parser.add_argument("--device", default="sim", help="sim (default) or cuda")
+    parser.add_argument("--backend", default=overlap.DEFAULT_BACKEND, help="attention backend")
+    parser.add_argument("--requests", type=int, default=requests, help="requests in the trace")
+    parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    parser.add_argument("--repeat", type=int, default=repeat, help="measured rounds")
+    parser.add_argument(
+        "--layer-ms",
+        type=float,
+        default=overlap.DEFAULT_LAYER_MS,
+        help="modelled device time per layer, ms (sim only)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "float64"), help="model dtype"
+    )
+    parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+
+
+def _settings(args: argparse.Namespace) -> overlap.Settings:
+    return overlap.Settings(
+        device=args.device,
+        backend=args.backend,
+        requests=args.requests,
+        seed=args.seed,
+        repeat=args.repeat,
+        layer_ms=args.layer_ms,
+        dtype=args.dtype,
+        quiet=args.quiet,
+        sched_frac=getattr(args, "sched_frac", overlap.DEFAULT_SCHED_FRACTION),
+        fractions=tuple(getattr(args, "fractions", overlap.DEFAULT_FRACTIONS)),
+    )
+
+
+def _check_sizes(args: argparse.Namespace) -> str | None:
+    if args.requests < 1 or args.repeat < 1:
+        return "--requests and --repeat must be positive"
+    if args.layer_ms < 0:
+        return "--layer-ms must be >= 0"
+    return None
+
+
+def _configure_overlap(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser, requests=24, repeat=11)
+    parser.add_argument(
+        "--sched-frac",
+        type=float,
+        default=overlap.DEFAULT_SCHED_FRACTION,
+        help="scheduler device work per step, as a fraction of the forward's time",
+    )
+
+
+def _run_overlap(args: argparse.Namespace) -> int:
+    problem = _check_sizes(args) or ("--sched-frac must be >= 0" if args.sched_frac < 0 else None)
+    if problem:
+        return _error(problem)
+    result = overlap.measure_overlap(_settings(args))
+    print(overlap.overlap_table(result))
+    print(f"wrote {write_result('overlap', result, args.json, _argv(args))}")
+    return 0
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("fractions must be >= 0, at least one")
+    return sorted(values)
+
+
+def _configure_sweep(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser, requests=24, repeat=4)
+    parser.add_argument(
+        "--fractions",
+        type=_fractions,
+        default=list(overlap.DEFAULT_FRACTIONS),
+        help="scheduler work per step as fractions of the forward's time (comma list)",
+    )
+    parser.add_argument("--plot", metavar="FILE", help="also draw the sweep to FILE (PNG)")
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    problem = _check_sizes(args)
+    if problem:
+        return _error(problem)
+    if args.plot:
+        from warcore.bench import plot
+
+        missing = plot.missing_matplotlib()
+        if missing:  # say so before minutes of measuring, not after
+            return _error(missing)
+    result = overlap.measure_sweep(_settings(args))
+    print(overlap.sweep_table(result))
+    print(f"wrote {write_result('sweep', result, args.json, _argv(args))}")
+    if args.plot:
+        from warcore.bench import plot
+
+        print(f"wrote {plot.plot_sweep(result, args.plot)}")
+    return 0
+
+
+# -- startup -------------------------------------------------------------------------------
+
+
+def _configure_startup(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeat", type=int, default=7, help="measured rounds")
+    parser.add_argument("--plugins", type=int, default=50, help="generated plugins to add")
+    parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+
+
+def _run_startup(args: argparse.Namespace) -> int:
+    if args.repeat < 1 or args.plugins < 1:
+        return _error("--repeat and --plugins must be positive")
+    quiet = args.quiet or not sys.stderr.isatty()
+    result = startup.measure(args.repeat, args.plugins, quiet=quiet)
+    print(startup.table(result))
+    print(f"wrote {write_result('startup', result, args.json, _argv(args))}")
+    return 0
+
+
+# -- sanitizer -----------------------------------------------------------------------------
+
+
+def _configure_sanitizer(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=10, help="requests in the trace")
+    parser.add_argument("--repeat", type=int, default=3, help="measured rounds")
+    parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
+
+
+def _run_sanitizer(args: argparse.Namespace) -> int:
+    if args.requests < 1 or args.repeat < 1:
+        return _error("--requests and --repeat must be positive")
+    result = sanitizer.measure(requests=args.requests, repeat=args.repeat, seed=args.seed)
+    print(sanitizer.table(result))
+    print(f"wrote {write_result('sanitizer', result, args.json, _argv(args))}")
+    return 0
+
+
+# -- all -----------------------------------------------------------------------------------
+# The command behind BENCHMARKS.md. It takes several minutes on the 2-vCPU development machine
+# (the sweep dominates); each benchmark can be run on its own with other sizes.
+
+Configure = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
+def _benches() -> list[tuple[str, Configure, Run, list[str]]]:
+    benches: list[tuple[str, Configure, Run, list[str]]] = [
+        # lookup writes JSON only when asked; give it the same default place.
+        ("lookup", _configure_lookup, _run_lookup, ["--json", str(result_path("lookup", None))]),
+        ("overlap", _configure_overlap, _run_overlap, []),
+        ("sweep", _configure_sweep, _run_sweep, []),
+        ("startup", _configure_startup, _run_startup, []),
+        ("sanitizer", _configure_sanitizer, _run_sanitizer, []),
+    ]
+    return benches
+
+
+def _complete_lookup(path: Path, argv: list[str] | None) -> None:
+    """Give the lookup result what the others carry (lookup writes only its numbers)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data = {"benchmark": "lookup", "command": command_line(argv), **data}
+    data["machine"] = machine_info()
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _configure_all(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plot", metavar="FILE", help="also draw the sweep to FILE (PNG)")
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    if args.plot:
+        from warcore.bench import plot
+
+        missing = plot.missing_matplotlib()
+        if missing:  # before minutes of measuring, not after
+            return _error(missing)
+    status = 0
+    for name, configure_one, run_one, argv in _benches():
+        parser = argparse.ArgumentParser(prog=f"warcore bench {name}")
+        configure_one(parser)
+        if name == "sweep" and args.plot:
+            argv = [*argv, "--plot", args.plot]
+        print(f"== warcore bench {name} {' '.join(argv)}".rstrip(), flush=True)
+        sub_args = parser.parse_args(argv)
+        sub_args.argv = getattr(args, "argv", None)  # each result records `warcore bench all`
+        code = run_one(sub_args)
+        if name == "lookup" and code == 0:
+            _complete_lookup(Path(argv[-1]), sub_args.argv)
+        print(flush=True)
+        if code:
+            print(f"warcore: bench {name} exited {code}", file=sys.stderr)
+            status = status or code
+    return status
+
+
+# -- the bench command ---------------------------------------------------------------------
+
+_BENCHES: dict[str, Command] = {
+    "lookup": Command(
+        "per-replay decision lookup vs a method call vs a pluggy hook call",
+        _configure_lookup,
+        _run_lookup,
+    ),
+    "overlap": Command(
+        "reference engine: serial, coarse, fine and no fence on one trace (tokens/s, idle)",
+        _configure_overlap,
+        _run_overlap,
+    ),
+    "sweep": Command(
+        "step time of coarse, fine and no fence as scheduler device work grows (--plot)",
+        _configure_sweep,
+        _run_sweep,
+    ),
+    "startup": Command(
+        "plugin discovery and manager construction, 3 and 3+50 plugins, torch excluded",
+        _configure_startup,
+        _run_startup,
+    ),
+    "sanitizer": Command(
+        "the WAR sanitizer's cost per forward against a plain run of the same trace",
+        _configure_sanitizer,
+        _run_sanitizer,
+    ),
+    "all": Command(
+        "every benchmark with its defaults, each writing benchmarks/results/NAME.json",
+        _configure_all,
+        _run_all,
+    ),
+}
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    # Optional subcommand: `warcore bench --plot FILE` alone redraws the saved sweep.
+    parser.add_argument(
+        "--plot",
+        dest="plot_saved",
+        metavar="FILE",
+        help="without a benchmark: draw the saved sweep result (--sweep-json) to FILE (PNG)",
+    )
+    parser.add_argument(
+        "--sweep-json",
+        default="benchmarks/results/sweep.json",
+        metavar="FILE",
+        help="the sweep result --plot draws (default: %(default)s)",
+    )
+    sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
+    for name, command in _BENCHES.items():
+        command.configure(sub.add_parser(name, help=command.help, description=command.help))
+
+
+def _run(args: argparse.Namespace) -> int:
+    plugin_manager()  # validates the environment before anything is measured
+    if args.bench is None:
+        if not args.plot_saved:
+            raise UsageError(f"bench: give a benchmark ({', '.join(_BENCHES)}) or --plot FILE")
+        from warcore.bench import plot
+
+        missing = plot.missing_matplotlib()
+        if missing:
+            raise UsageError(missing)
+        try:
+            result = plot.load_sweep(args.sweep_json)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--plot: cannot read the sweep result: {exc}") from None
+        print(f"wrote {plot.plot_sweep(result, args.plot_saved)}")
+        return 0
+    if args.plot_saved:  # `warcore bench --plot FILE sweep|all` means the same as after it
+        if not hasattr(args, "plot"):
+            raise UsageError(f"--plot draws the sweep: use it with sweep or all, not {args.bench}")
+        args.plot = args.plot or args.plot_saved
+    return _BENCHES[args.bench].run(args)
+
+
+BENCH = Command("benchmarks, each writing a JSON result", _configure, _run)
