@@ -86,8 +86,10 @@ DECODE_MATRIX = [
                  "plugin:deepseek_v4", id="sglang:verify-publishing-post-replay->POST_REPLAY"),
     # sglang records IN_REPLAY before the replay when no node was planted (earlier than
     # declared); warcore records at the real point (eager) or after the replay (captured).
+    # An eager decode records right after the in-graph init only because the core declares
+    # torch_native's eager path on its own (the sanitizer shows it sound).
     pytest.param("none", EAGER, "torch_native", M.DECODE, P.AFTER_IN_GRAPH_INIT,
-                 "default:contract", id="warcore:unplanted-eager->after-in-graph-init"),
+                 "plugin:warcore", id="warcore:eager-declared->after-in-graph-init"),
     pytest.param("none", UNPLANTED, "torch_native", M.DECODE, P.POST_REPLAY, "default:contract",
                  id="warcore:unplanted-captured->POST_REPLAY"),
     # The rows "Done when" adds.
@@ -136,12 +138,15 @@ def test_decode_runner_matrix(
 
 
 # The same rules on the pure function, with the declaration as an input (sglang's table form).
+# The publish phase gates every mode (issue 11): a False publishes nothing, decode included.
 @pytest.mark.parametrize(
     ("publishes_at_verify", "execution", "declared", "mode", "expected"),
     [
-        (False, PLANTED, B.IN_REPLAY, M.DECODE, P.IN_GRAPH_NODE),
-        (False, UNPLANTED, B.IN_REPLAY, M.DECODE, P.POST_REPLAY),  # sglang: PRE_REPLAY
-        (False, EAGER, B.IN_REPLAY, M.DECODE, P.AFTER_IN_GRAPH_INIT),  # sglang: PRE_REPLAY
+        (True, PLANTED, B.IN_REPLAY, M.DECODE, P.IN_GRAPH_NODE),
+        (True, UNPLANTED, B.IN_REPLAY, M.DECODE, P.POST_REPLAY),  # #34052: PRE_REPLAY
+        (True, EAGER, B.IN_REPLAY, M.DECODE, P.AFTER_IN_GRAPH_INIT),
+        (False, PLANTED, B.IN_REPLAY, M.DECODE, P.NONE),
+        (False, EAGER, B.PRE_REPLAY, M.DECODE, P.NONE),
         (False, PLANTED, B.IN_REPLAY, M.EXTEND, P.NONE),
         (False, PLANTED, B.POST_REPLAY, M.TARGET_VERIFY, P.NONE),
         (True, PLANTED, B.POST_REPLAY, M.TARGET_VERIFY, P.POST_REPLAY),
@@ -165,9 +170,13 @@ def test_decode_record_point_pure(
 
 def _prefill_expected(backend: str, mode: ForwardMode, algorithm: str) -> RecordPoint:
     # Only exactly EXTEND, an algorithm whose target EXTEND is the publish phase (none, the
-    # dflash family; not eagle, whose draft-extend reads later) and a PRE_REPLAY backend.
+    # dflash family; not eagle, whose draft-extend reads later) and a PRE_REPLAY backend
+    # (deepseek_v4's is refined per batch at run time).
     publishes = mode is M.EXTEND and algorithm in {"none", "dflash", "dspark"}
-    return P.PRE_REPLAY if publishes and backend == "trtllm_mha" else P.NONE
+    return P.PRE_REPLAY if publishes and backend in PRE_PREFILL else P.NONE
+
+
+PRE_PREFILL = frozenset({"trtllm_mha", "deepseek_v4", "acme"})
 
 
 def test_prefill_matrix_is_exhaustive_over_real_plugins(pm: WarcorePluginManager) -> None:
@@ -194,7 +203,8 @@ def test_prefill_matrix_is_exhaustive_over_real_plugins(pm: WarcorePluginManager
         ("trtllm_mha", M.MIXED, "none", P.NONE, "phase:plugin:warcore"),
         ("trtllm_mha", M.DECODE, "none", P.NONE, "default:contract"),
         ("torch_native", M.EXTEND, "none", P.NONE, "default:no-answer"),
-        ("deepseek_v4", M.EXTEND, "dflash", P.NONE, "default:no-answer"),
+        ("deepseek_v4", M.EXTEND, "dflash", P.PRE_REPLAY, "plugin:deepseek_v4"),
+        ("deepseek_v4", M.EXTEND, "eagle", P.NONE, "phase:plugin:warcore"),
     ],
 )
 def test_prefill_matrix_rows(

@@ -12,9 +12,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
+from warcore.core import SharedReadBoundary
+
 if TYPE_CHECKING:
     import torch
 
+    from warcore.core import BoundaryContext, ForwardMode
     from warcore.engine.kv_pool import KVPool
     from warcore.runners.batch import ForwardBatch
 
@@ -30,8 +33,28 @@ class AttentionBackend(ABC):
         self.pool = pool
 
     def children(self) -> tuple[AttentionBackend, ...]:
-        """Backends this one wraps; a wrapper's boundary is the latest of its children's."""
+        """Backends this one wraps (all of them, whatever the mode)."""
         return ()
+
+    def children_for(
+        self, forward_mode: ForwardMode, context: BoundaryContext
+    ) -> tuple[AttentionBackend, ...]:
+        """The children whose shared reads run in ``forward_mode``: all of them by default (a
+        latest-of wrapper); a selecting wrapper returns the one it runs. The wrapper's boundary
+        is the latest of these children's and of its own name's declaration, if any."""
+        return self.children()
+
+    def refine_prefill_boundary(self, batch: ForwardBatch) -> SharedReadBoundary:
+        """Per-batch prefill answer, asked on the host before each prefill whose decision is to
+        publish before the replay (static ``PRE_REPLAY`` declaration, no veto).
+
+        Return ``PRE_REPLAY`` to keep that for this batch (and build here whatever snapshot
+        makes it true: the out-graph init that follows must leave no shared read in the
+        replay), or anything later to withdraw it for this batch (it publishes nothing). It can
+        never make a batch earlier than the static declaration. ``batch.host`` is the step.
+        Default: keep the static answer.
+        """
+        return SharedReadBoundary.PRE_REPLAY
 
     @abstractmethod
     def init_forward_metadata_out_graph(

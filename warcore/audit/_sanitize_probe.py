@@ -204,14 +204,15 @@ class SanitizingWorker:
         self.draft = getattr(inner, "draft", None)
 
     @property
-    def mailbox(self) -> ModelRunner:
+    def mailbox(self) -> ModelRunner | None:
         return self.inner.mailbox
 
     def launch(self, step: StepInput) -> StepOutput:
         if self.differs is not None and self.differs(self.probe):
             raise Diverged
         probe, poison, rows = self.probe, self.probe.poison, self.rows
-        probe.new_step(self.inner.mailbox.name)
+        owner = self.inner.mailbox
+        probe.new_step(owner.name if owner is not None else "")
         if poison is not None:
             with self.device.use_stream(self.stream):
                 self.device.launch(poison.snapshot, "sanitizer_snapshot")

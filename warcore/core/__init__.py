@@ -1,6 +1,6 @@
 """The core: vocabulary, plugin loading, resolution and the runners' pure decisions."""
 
-from ._boundary import Execution, RecordPoint, SharedReadBoundary, latest
+from ._boundary import Declared, Execution, RecordPoint, SharedReadBoundary, latest
 from ._decisions import (
     decode_record_point,
     draft_extend_record_point,
@@ -14,6 +14,7 @@ from ._manager import (
     ENV_DISABLE_PLUGINS,
     ENV_FORCE_COARSE,
     ENV_PLUGINS,
+    ENV_PREFILL_FAST_PATH,
     ENV_STRICT_PLUGINS,
     LoaderConfig,
     PluginInfo,
@@ -23,21 +24,30 @@ from ._manager import (
     get_plugin_manager,
     reset_plugin_manager,
 )
-from ._modes import ForwardMode
+from ._modes import CAPTURED_MODES, ForwardMode
 from ._registry import DuplicateNameError, Registry, UnknownNameError, get_registry
 from ._resolve import (
     BoundaryResolution,
+    OwnerResolution,
     PluginFailure,
     PublishResolution,
+    VetoResolution,
+    resolve_fast_path_veto,
     resolve_shared_read_boundary,
+    resolve_step_event_owner,
     resolve_war_publish_phase,
 )
 from ._specs import (
+    CORE_FLAGS,
+    EVENT_OWNERS,
+    FlagSpec,
     KNOWN_FAMILIES,
     NCCL_ALLGATHER_IN_OVERLAP,
+    OFFLOAD_FLAGS,
     AlgorithmSpec,
     BackendSpec,
     BoundaryContext,
+    StepFacts,
 )
 from ._table import (
     Decision,
@@ -51,6 +61,18 @@ from ._table import (
 
 __all__ = [
     "BUILTIN_PLUGIN_NAME",
+    "CAPTURED_MODES",
+    "CORE_FLAGS",
+    "FlagSpec",
+    "EVENT_OWNERS",
+    "ENV_PREFILL_FAST_PATH",
+    "OFFLOAD_FLAGS",
+    "Declared",
+    "OwnerResolution",
+    "StepFacts",
+    "VetoResolution",
+    "resolve_fast_path_veto",
+    "resolve_step_event_owner",
     "ENTRY_POINT_GROUP",
     "ENV_DISABLE_PLUGINS",
     "ENV_FORCE_COARSE",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-__all__ = ["SharedReadBoundary", "RecordPoint", "Execution", "latest"]
+__all__ = ["Declared", "Execution", "RecordPoint", "SharedReadBoundary", "latest"]
 
 
 class SharedReadBoundary(enum.Enum):
@@ -60,6 +61,12 @@ def latest(*boundaries: SharedReadBoundary | Iterable[SharedReadBoundary]) -> Sh
     for item in boundaries:
         if isinstance(item, SharedReadBoundary):
             flat.append(item)
+        elif isinstance(item, str | bytes):
+            # A string is iterable too: without this, latest("PRE_REPLAY") blamed 'P'.
+            raise TypeError(
+                f"latest() takes SharedReadBoundary values, got the string {item!r}; "
+                "use SharedReadBoundary.parse() for names"
+            )
         else:
             flat.extend(item)
     for b in flat:
@@ -68,11 +75,34 @@ def latest(*boundaries: SharedReadBoundary | Iterable[SharedReadBoundary]) -> Sh
     return max(flat, default=SharedReadBoundary.UNKNOWN, key=lambda b: b.value)
 
 
+@dataclass(frozen=True)
+class Declared:
+    """A declaration scoped to the implementation it was audited against.
+
+    ``implementation`` is a requirement: a distribution name and a PEP 440 specifier, such as
+    ``"sglang>=0.5.23,<0.6"`` or ``"warcore-trtllm-mha>=0.1,<0.2"``. A hook may return this
+    instead of a bare :class:`SharedReadBoundary`; when the named distribution is not installed,
+    or its version is outside the range, the declaration is *stale*: it is not applied (the
+    cell takes the coarse fence, provenance ``stale:<plugin>``) and ``warcore check`` reports it.
+    """
+
+    boundary: SharedReadBoundary
+    implementation: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.boundary, SharedReadBoundary):
+            raise TypeError(f"Declared.boundary must be a SharedReadBoundary, got {self.boundary!r}")
+        from ._scope import parse_requirement
+
+        parse_requirement(self.implementation)  # a malformed range fails where it is written
+
+
 class Execution(enum.Enum):
     """How a runner executes the forward whose record point is being decided."""
 
     EAGER = "eager"
-    """Not captured: the runner can record right after the in-graph init."""
+    """Not captured: the runner can record right after the in-graph init when the eager path
+    is declared on its own; otherwise after the whole forward."""
     GRAPH_PLANTED = "graph_planted"
     """Captured graph with an event-record node planted after the in-graph init."""
     GRAPH_UNPLANTED = "graph_unplanted"

@@ -1,9 +1,15 @@
-"""The core's own plugin: the ``torch_native`` and ``flashinfer`` backends, ``none`` and ``eagle``.
+"""The core's own plugin: the ``torch_native`` and ``flashinfer`` backends, ``none`` and ``eagle``,
+and the core's vetoes.
 
-``torch_native`` follows the metadata contract, so the core default (``IN_REPLAY`` for decode
-and verify) is its declaration there. Its EAGLE draft-extend follows the contract too (the
-in-graph init gathers the page table; the layers read only that copy), which the contract
-default does not cover, so this plugin declares it: ``DRAFT_EXTEND_V2`` → ``IN_REPLAY``.
+``torch_native`` follows the metadata contract, so the core default (``IN_REPLAY`` for a
+captured decode and verify) is its declaration there. Its EAGLE draft-extend follows the
+contract too (the in-graph init gathers the page table; the layers read only that copy), which
+the contract default does not cover, so this plugin declares it: ``DRAFT_EXTEND_V2`` →
+``IN_REPLAY``. Its eager path runs the same two halves as its graph (the runner calls them in
+order; it has no separate eager body), so its eager decode, verify and draft-extend are
+declared ``IN_REPLAY`` too. These are warcore's own audits of its reference backend, shown by
+``warcore sanitize``; sglang 0.5.23 declares ``UNKNOWN`` for draft-extend and publishes nothing
+for eager forwards.
 """
 
 from __future__ import annotations
@@ -15,18 +21,51 @@ from typing import Any
 from ._boundary import SharedReadBoundary
 from ._hookspecs import hookimpl
 from ._modes import ForwardMode
-from ._specs import AlgorithmSpec, BackendSpec, BoundaryContext
+from ._specs import OFFLOAD_FLAGS, AlgorithmSpec, BackendSpec, BoundaryContext, StepFacts
 
 _PUBLISH_PHASES = {
     "none": frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}),
     "eagle": frozenset({ForwardMode.DRAFT_EXTEND_V2}),
 }
 
+_TORCH_NATIVE_EAGER = frozenset(
+    {ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
+)
+
+_OFFLOAD_REASON = (
+    "host/storage KV offload ({flag}) copies a stashed chunk's KV ordered only behind the "
+    "schedule stream: prefill needs the whole-forward barrier"
+)
+
 
 def _torch_native(**kwargs: Any) -> Any:
     from warcore.attention.torch_native import TorchNativeBackend
 
     return TorchNativeBackend(**kwargs)
+
+
+def _hybrid(**kwargs: Any) -> Any:
+    from warcore.attention.composite import HybridBackend
+
+    return HybridBackend(**kwargs)
+
+
+def _layer_hybrid(**kwargs: Any) -> Any:
+    from warcore.attention.composite import LayerHybridBackend
+
+    return LayerHybridBackend(**kwargs)
+
+
+def _hybrid_children(mode: ForwardMode, context: BoundaryContext) -> tuple[str, ...]:
+    from warcore.attention.composite import hybrid_children
+
+    return hybrid_children(mode, context)
+
+
+def _layer_hybrid_children(mode: ForwardMode, context: BoundaryContext) -> tuple[str, ...]:
+    from warcore.attention.composite import layer_hybrid_children
+
+    return layer_hybrid_children(mode, context)
 
 
 def _flashinfer(**kwargs: Any) -> Any:
@@ -43,7 +82,21 @@ def _eagle_drafter(target: Any, num_draft: int, device: Any) -> Any:
 
 @hookimpl
 def warcore_attention_backends() -> Iterable[BackendSpec]:
-    specs = [BackendSpec("torch_native", _torch_native, "portable torch attention, CPU and CUDA")]
+    specs = [
+        BackendSpec("torch_native", _torch_native, "portable torch attention, CPU and CUDA"),
+        BackendSpec(
+            "hybrid",
+            _hybrid,
+            "selects a child per mode: prefill / decode children (flags hybrid_*_backend)",
+            children_for=_hybrid_children,
+        ),
+        BackendSpec(
+            "layer_hybrid",
+            _layer_hybrid,
+            "layer i attends with child i mod n; reads end at the latest child's",
+            children_for=_layer_hybrid_children,
+        ),
+    ]
     # find_spec looks for the package without importing it (flashinfer is heavy, CUDA only).
     if importlib.util.find_spec("flashinfer") is not None:
         specs.append(BackendSpec("flashinfer", _flashinfer, "flashinfer paged decode, CUDA only"))
@@ -71,8 +124,34 @@ def warcore_is_war_publish_phase(algorithm: str, forward_mode: ForwardMode) -> b
 
 @hookimpl
 def warcore_shared_read_boundary(
-    backend: str, forward_mode: ForwardMode, context: BoundaryContext
+    backend: str, forward_mode: ForwardMode, context: BoundaryContext, eager: bool
 ) -> SharedReadBoundary | None:
-    if backend == "torch_native" and forward_mode is ForwardMode.DRAFT_EXTEND_V2:
+    if backend != "torch_native":
+        return None
+    if forward_mode is ForwardMode.DRAFT_EXTEND_V2:
         return SharedReadBoundary.IN_REPLAY
+    if eager and forward_mode in _TORCH_NATIVE_EAGER:
+        return SharedReadBoundary.IN_REPLAY
+    return None  # a captured decode and verify: the contract default
+
+
+@hookimpl
+def warcore_fast_path_veto(forward_mode: ForwardMode, context: BoundaryContext) -> str | None:
+    if forward_mode is not ForwardMode.EXTEND:
+        return None
+    for flag in OFFLOAD_FLAGS:
+        if context.flag(flag):
+            return _OFFLOAD_REASON.format(flag=flag)
+    return None
+
+
+@hookimpl
+def warcore_step_event_owner(algorithm: str, facts: StepFacts) -> str | None:
+    if algorithm == "none":
+        return "target"
+    if algorithm == "eagle":
+        # The draft-extend after verify is the last reader, unless this rank holds no draft
+        # model (a non-last pipeline rank) or the draft-extend is staged for the next step.
+        staged = facts.draft_extend_staged or not facts.has_draft_model
+        return "target" if staged else "draft"
     return None

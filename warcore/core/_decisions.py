@@ -1,9 +1,12 @@
 """Where each runner records its read-done event: small pure functions, no plugin calls.
 
-The rule behind all of them: a record point is never earlier than the declared boundary. sglang
-#34052 recorded ``IN_REPLAY`` before the replay when no node was planted; warcore records at the
-real point after the in-graph init in an eager run, and after the replay for a captured graph
-with no node.
+The rules behind all of them: a record point is never earlier than the declared boundary, and
+a runner publishes only for a forward that its algorithm calls its publish phase (a ``False`` or
+a failed answer publishes nothing, in every mode). A captured graph with no planted node records
+after the replay, as sglang 0.5.23 does (#34052 recorded ``IN_REPLAY`` before the replay there).
+An eager forward's declared boundary is its eager path's (resolution gives ``POST_REPLAY`` when
+only the graph is declared), so the eager point right after the in-graph init is used only when
+the eager path was declared ``IN_REPLAY`` on its own.
 """
 
 from __future__ import annotations
@@ -40,10 +43,8 @@ def decode_record_point(
     publish_phase: bool,
     execution: Execution,
 ) -> RecordPoint:
-    """Decode / target-verify runner: the algorithm gate on verify precedes the declaration."""
-    if forward_mode is ForwardMode.TARGET_VERIFY and not publish_phase:
-        return RecordPoint.NONE
-    if forward_mode not in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
+    """Decode / target-verify runner: the algorithm's gate precedes the declaration."""
+    if not publish_phase or forward_mode not in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
         return RecordPoint.NONE
     return honour_boundary(declared, execution)
 

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import pluggy
 
-from ._boundary import SharedReadBoundary
+from ._boundary import Declared, SharedReadBoundary
 from ._modes import ForwardMode
-from ._specs import AlgorithmSpec, BackendSpec, BoundaryContext
+from ._specs import AlgorithmSpec, BackendSpec, BoundaryContext, StepFacts
 
 __all__ = ["PROJECT_NAME", "WarcoreSpecs", "hookimpl", "hookspec"]
 
@@ -29,35 +29,109 @@ class WarcoreSpecs:
 
     @hookspec
     def warcore_shared_read_boundary(
-        self, backend: str, forward_mode: ForwardMode, context: BoundaryContext
-    ) -> SharedReadBoundary | None:
+        self, backend: str, forward_mode: ForwardMode, context: BoundaryContext, eager: bool
+    ) -> SharedReadBoundary | Declared | None:
         """Declare where ``backend``'s last read of scheduler-shared buffers ends in a forward.
 
         Called when a runner is built or a graph captured (never per replay), once per
-        (backend name, forward mode, context); the answer is cached until a plugin is
+        (backend name, forward mode, context, eager); the answer is cached until a plugin is
         registered or unregistered. ``backend`` is the backend's stable name, so you can
         declare for a backend that lives in another package. ``context.algorithm`` is the
         speculative algorithm's name and ``context.flag(...)`` reads engine switches.
 
-        Return a :class:`~warcore.SharedReadBoundary`, or ``None`` to abstain. Raising, or
-        returning anything else (a string, say), counts as ``UNKNOWN`` and is recorded against
-        your plugin. When plugins disagree the latest boundary wins. When nobody answers,
-        ``DECODE`` and ``TARGET_VERIFY`` of an :class:`~warcore.attention.AttentionBackend`
-        get ``IN_REPLAY`` (the metadata contract) and everything else ``UNKNOWN``.
+        ``eager`` (take it only if you declare eager paths): a declaration for ``DECODE``,
+        ``TARGET_VERIFY`` or ``DRAFT_EXTEND_V2`` describes the *captured graph*; a backend may
+        keep a separate eager metadata body, so an eager (uncaptured) forward of those modes
+        asks only the hookimpls that take ``eager``, with ``eager=True``. With no eager answer
+        the eager forward records after the whole forward (never earlier). Other modes are
+        never captured: everyone is asked, with ``eager=True``.
+
+        Return a :class:`~warcore.SharedReadBoundary`, a :class:`~warcore.Declared` (the same,
+        scoped to the implementation version range it was audited against: outside that range
+        it is not applied), or ``None`` to abstain. Raising, or returning anything else, counts
+        as ``UNKNOWN`` and is recorded against your plugin. When plugins disagree the latest
+        boundary wins. When nobody answers, a captured ``DECODE`` and ``TARGET_VERIFY`` of an
+        :class:`~warcore.attention.AttentionBackend` get ``IN_REPLAY`` (the metadata contract)
+        and everything else ``UNKNOWN``.
 
         Example plugin (``my_plugin.py``, with
         ``[project.entry-points.warcore] my_plugin = "my_plugin"`` in its ``pyproject.toml``)::
 
             import warcore
-            from warcore import ForwardMode, SharedReadBoundary
+            from warcore import Declared, ForwardMode, SharedReadBoundary
 
 
             @warcore.hookimpl
-            def warcore_shared_read_boundary(backend, forward_mode, context):
-                # my_backend snapshots the page table in its out-graph init for prefill.
-                if backend == "my_backend" and forward_mode is ForwardMode.EXTEND:
-                    return SharedReadBoundary.PRE_REPLAY
+            def warcore_shared_read_boundary(backend, forward_mode, context, eager):
+                if backend != "my_backend":
+                    return None
+                if forward_mode is ForwardMode.EXTEND:
+                    # my_backend snapshots the page table in its out-graph init for prefill;
+                    # audited against my-backend 1.x.
+                    return Declared(SharedReadBoundary.PRE_REPLAY, "my-backend>=1,<2")
+                if forward_mode is ForwardMode.DECODE:
+                    # The eager body is the same two halves as the graph: both end in the
+                    # in-graph init.
+                    return SharedReadBoundary.IN_REPLAY
                 return None
+        """
+
+    @hookspec
+    def warcore_fast_path_veto(
+        self, forward_mode: ForwardMode, context: BoundaryContext
+    ) -> str | None:
+        """Veto the fine fence for (``forward_mode``, ``context``): return the reason.
+
+        Called when a runner is built or a graph captured, with the decisions (cached until a
+        plugin or a run-time switch changes). A non-empty string keeps the coarse fence for
+        that mode and context whatever the backend declares, and the matrix names your plugin
+        and your reason. Return ``None`` to let the declarations decide. Raising, or returning
+        anything else, counts as a veto (the safe side) and is recorded against your plugin.
+        The core vetoes prefill (``EXTEND``) when host or storage KV offload is on (the flags
+        ``hicache``, ``hicache_storage``, ``lmcache``) and when the prefill fast path is
+        switched off (``WARCORE_PREFILL_FAST_PATH=0``).
+
+        Example plugin::
+
+            import warcore
+            from warcore import ForwardMode
+
+
+            @warcore.hookimpl
+            def warcore_fast_path_veto(forward_mode, context):
+                # Our KV offloader copies prefill KV on its own stream, ordered only behind
+                # the schedule stream: prefill needs the whole-forward barrier.
+                if forward_mode is ForwardMode.EXTEND and context.flag("my_offload"):
+                    return "my_offload copies prefill KV behind the schedule stream"
+                return None
+        """
+
+    @hookspec
+    def warcore_step_event_owner(self, algorithm: str, facts: StepFacts) -> str | None:
+        """Say which runner owns the step's read-done event: ``"target"`` or ``"draft"``.
+
+        Called once per (algorithm, facts) when a worker is built or the facts change; the
+        scheduler's barrier takes the owner's event after each step. The owner is the runner
+        of the step's last reader of shared buffers. ``facts`` (:class:`~warcore.StepFacts`)
+        says whether this rank holds a draft model and whether this step's draft-extend is
+        staged for the next step. Return ``None`` for algorithms that are not yours; nobody
+        answering means ``"target"``. Raising, answering anything else, or plugins
+        disagreeing means no owner: the barrier takes the coarse fence.
+
+        Example plugin::
+
+            import warcore
+
+
+            @warcore.hookimpl
+            def warcore_step_event_owner(algorithm, facts):
+                if algorithm != "my_eagle":
+                    return None
+                # The draft-extend after verify reads last, unless this rank has no draft
+                # model or the draft-extend was staged for the next step.
+                if facts.has_draft_model and not facts.draft_extend_staged:
+                    return "draft"
+                return "target"
         """
 
     @hookspec

@@ -21,6 +21,7 @@ __all__ = [
     "ENV_DISABLE_PLUGINS",
     "ENV_FORCE_COARSE",
     "ENV_PLUGINS",
+    "ENV_PREFILL_FAST_PATH",
     "ENV_STRICT_PLUGINS",
     "BUILTIN_PLUGIN_NAME",
     "LoaderConfig",
@@ -39,6 +40,7 @@ ENV_PLUGINS = "WARCORE_PLUGINS"
 ENV_DISABLE_PLUGINS = "WARCORE_DISABLE_PLUGINS"
 ENV_STRICT_PLUGINS = "WARCORE_STRICT_PLUGINS"
 ENV_FORCE_COARSE = "WARCORE_FORCE_COARSE"
+ENV_PREFILL_FAST_PATH = "WARCORE_PREFILL_FAST_PATH"
 BUILTIN_PLUGIN_NAME = "warcore"
 
 PluginStatus = Literal["active", "disabled", "failed"]
@@ -61,8 +63,10 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _env_bool(environ: Mapping[str, str], var: str) -> bool:
-    raw = environ.get(var, "")
+def _env_bool(environ: Mapping[str, str], var: str, default: bool = False) -> bool:
+    if var not in environ:
+        return default
+    raw = environ[var]
     value = raw.strip().lower()
     if value in _TRUE:
         return True
@@ -88,13 +92,18 @@ def _env_names(environ: Mapping[str, str], var: str) -> frozenset[str] | None:
 class LoaderConfig:
     """The environment controls, read once when a manager is built.
 
-    ``allowlist``: ``None`` loads every plugin, an empty set loads none.
+    ``allowlist``: ``None`` loads every plugin, an empty set loads none. ``force_coarse`` and
+    ``prefill_fast_path`` are run-time switches too: change them with
+    :meth:`WarcorePluginManager.set_force_coarse` / :meth:`~WarcorePluginManager.set_prefill_fast_path`.
     """
 
     allowlist: frozenset[str] | None = None
     blocked: frozenset[str] = frozenset()
     strict: bool = False
     force_coarse: bool = False
+    prefill_fast_path: bool = True
+    """Prefill may publish before its replay (sglang's ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``,
+    opt-in there; on here, where the sanitizer audits every prefill declaration)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoaderConfig:
@@ -104,6 +113,7 @@ class LoaderConfig:
             blocked=_env_names(env, ENV_DISABLE_PLUGINS) or frozenset(),
             strict=_env_bool(env, ENV_STRICT_PLUGINS),
             force_coarse=_env_bool(env, ENV_FORCE_COARSE),
+            prefill_fast_path=_env_bool(env, ENV_PREFILL_FAST_PATH, default=True),
         )
 
 
@@ -156,8 +166,6 @@ class WarcorePluginManager(pluggy.PluginManager):
         self.cached_registry: object = None
         self.cached_decisions: object = None
         self._listeners: list[Callable[[], None]] = []
-        self._logged: set[object] = set()
-        self._log_lock = threading.Lock()
         if builtins:
             from . import _builtins
 
@@ -176,6 +184,23 @@ class WarcorePluginManager(pluggy.PluginManager):
         self._changed()
         return result
 
+    def set_force_coarse(self, on: bool) -> None:
+        """Turn force-coarse on or off while the process runs: every cached decision follows on
+        its runner's next replay, and every barrier reads the switch."""
+        self._switch(force_coarse=bool(on))
+
+    def set_prefill_fast_path(self, on: bool) -> None:
+        """Allow (or veto) prefill publishing before its replay, while the process runs."""
+        self._switch(prefill_fast_path=bool(on))
+
+    def _switch(self, **changes: bool) -> None:
+        from dataclasses import replace
+
+        new = replace(self.config, **changes)
+        if new != self.config:
+            self.config = new
+            self._changed()
+
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` whenever a plugin is registered or unregistered."""
         self._listeners.append(listener)
@@ -187,11 +212,11 @@ class WarcorePluginManager(pluggy.PluginManager):
 
     # -- logging -------------------------------------------------------------------------
     def log_once(self, key: object, level: int, message: str) -> None:
-        """Log ``message`` the first time ``key`` is seen by this manager."""
-        with self._log_lock:
-            if key in self._logged:
+        """Log ``message`` the first time ``key`` is seen in this process (by any manager)."""
+        with _LOGGED_LOCK:
+            if key in _LOGGED:
                 return
-            self._logged.add(key)
+            _LOGGED.add(key)
         logger.log(level, message)
 
     # -- validation ----------------------------------------------------------------------
@@ -315,6 +340,9 @@ class WarcorePluginManager(pluggy.PluginManager):
     def failed_plugins(self) -> list[PluginInfo]:
         return [p for p in self.plugin_infos if p.status == "failed"]
 
+
+_LOGGED: set[object] = set()
+_LOGGED_LOCK = threading.Lock()
 
 _KNOWN_HOOKS = frozenset(n for n in vars(WarcoreSpecs) if n.startswith("warcore_"))
 

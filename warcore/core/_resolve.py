@@ -11,20 +11,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._boundary import SharedReadBoundary, latest
-from ._manager import WarcorePluginManager, get_plugin_manager
-from ._modes import ForwardMode
+from ._boundary import Declared, SharedReadBoundary, latest
+from ._manager import (
+    BUILTIN_PLUGIN_NAME as BUILTIN,
+)
+from ._manager import (
+    ENV_PREFILL_FAST_PATH as ENV_PREFILL,
+)
+from ._manager import (
+    WarcorePluginManager,
+    get_plugin_manager,
+)
+from ._modes import CAPTURED_MODES, ForwardMode
 from ._registry import get_registry
-from ._specs import BoundaryContext
+from ._scope import stale_reason
+from ._specs import EVENT_OWNERS, BoundaryContext, StepFacts
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
 
 __all__ = [
     "BoundaryResolution",
+    "OwnerResolution",
     "PluginFailure",
     "PublishResolution",
+    "VetoResolution",
+    "resolve_fast_path_veto",
     "resolve_shared_read_boundary",
+    "resolve_step_event_owner",
     "resolve_war_publish_phase",
 ]
 
@@ -85,10 +99,13 @@ def _ask(
     kwargs: dict[str, Any],
     accept: Callable[[object], bool],
     expected: str,
+    only_taking: str | None = None,
 ) -> tuple[list[tuple[str, Any]], list[PluginFailure]]:
     answers: list[tuple[str, Any]] = []
     failures: list[PluginFailure] = []
     for impl in getattr(pm.hook, hook).get_hookimpls():
+        if only_taking is not None and only_taking not in impl.argnames:
+            continue
         try:
             value = impl.function(**{name: kwargs[name] for name in impl.argnames})
         except Exception as exc:
@@ -118,64 +135,140 @@ def resolve_shared_read_boundary(
     forward_mode: ForwardMode | str,
     context: BoundaryContext | None = None,
     *,
+    eager: bool = False,
     pm: WarcorePluginManager | None = None,
 ) -> BoundaryResolution:
     """Resolve where ``backend``'s last shared read ends in ``forward_mode``.
 
-    ``backend`` is a backend name or instance; a wrapper (an instance whose ``children()`` is
-    not empty) resolves to the latest of its children. Not for the hot path: runners resolve
-    once through :class:`~warcore.core.DecisionCache`.
+    ``backend`` is a backend name or instance. A wrapper (an instance whose
+    ``children_for(mode, context)`` is not empty, or a name whose :class:`BackendSpec` has
+    ``children_for``) resolves to the latest of those children and of its own declaration.
+    ``eager``: the forward runs uncaptured (see the hookspec). Not for the hot path: runners
+    resolve once through :class:`~warcore.core.DecisionCache`.
     """
     pm = pm if pm is not None else get_plugin_manager()
     mode = ForwardMode.parse(forward_mode)
     ctx = context if context is not None else BoundaryContext()
-    name, children = _backend_identity(backend)
-    if children:
-        resolved = tuple(resolve_shared_read_boundary(c, mode, ctx, pm=pm) for c in children)
-        boundary = latest(r.boundary for r in resolved)
-        decider = next(r for r in resolved if r.boundary is boundary)
-        return BoundaryResolution(name, mode, ctx, boundary, decider.source, children=resolved)
+    if not isinstance(ctx, BoundaryContext):
+        raise TypeError(
+            f"context must be a warcore.BoundaryContext, got {type(ctx).__name__} {ctx!r}; "
+            "build one with BoundaryContext(algorithm, {flag: value})"
+        )
+    return _resolve(pm, backend, mode, ctx, eager, ())
+
+
+def _resolve(
+    pm: WarcorePluginManager,
+    backend: str | AttentionBackend,
+    mode: ForwardMode,
+    ctx: BoundaryContext,
+    eager: bool,
+    outer: tuple[int, ...],
+) -> BoundaryResolution:
+    name, children = _backend_identity(pm, backend, mode, ctx)
+    if id(backend) in outer:
+        raise ValueError(f"backend {name!r} wraps itself (a wrapper is among its own children)")
     if pm.config.force_coarse:
         return BoundaryResolution(name, mode, ctx, SharedReadBoundary.UNKNOWN, "forced-coarse")
+    own = _declared(pm, backend, name, mode, ctx, eager, wrapper=bool(children))
+    if not children:
+        return own
+    inner = (*outer, id(backend))
+    resolved = tuple(_resolve(pm, c, mode, ctx, eager, inner) for c in children)
+    parts = resolved if own.source == "default:no-answer" else (own, *resolved)
+    boundary = latest(r.boundary for r in parts)
+    decider = next(r for r in parts if r.boundary is boundary)
+    return BoundaryResolution(
+        name, mode, ctx, boundary, decider.source, own.answers, own.failures, resolved
+    )
 
+
+def _declared(
+    pm: WarcorePluginManager,
+    backend: str | AttentionBackend,
+    name: str,
+    mode: ForwardMode,
+    ctx: BoundaryContext,
+    eager: bool,
+    *,
+    wrapper: bool,
+) -> BoundaryResolution:
+    """One backend's own declaration (a wrapper's own, without its children)."""
+    eager_only = eager and mode in CAPTURED_MODES
     answers, failures = _ask(
         pm,
         "warcore_shared_read_boundary",
-        {"backend": name, "forward_mode": mode, "context": ctx},
-        lambda v: isinstance(v, SharedReadBoundary),
-        "SharedReadBoundary",
+        {"backend": name, "forward_mode": mode, "context": ctx, "eager": eager},
+        lambda v: isinstance(v, SharedReadBoundary | Declared),
+        "SharedReadBoundary or Declared",
+        only_taking="eager" if eager_only else None,
     )
+    where = f"backend {name!r}, mode {mode.name}, algorithm {ctx.algorithm!r}" + (
+        " (eager)" if eager_only else ""
+    )
+    answers, stale = _drop_stale(pm, answers, where)
     values = [v for _, v in answers]
-    where = f"backend {name!r}, mode {mode.name}, algorithm {ctx.algorithm!r}"
     if failures:
         boundary, source = SharedReadBoundary.UNKNOWN, f"default:failed:{failures[0].plugin}"
         for f in failures:
             pm.log_once(
-                ("failed", f.plugin, name, mode, ctx),
+                ("failed", f.plugin, f.hook, f.error),
                 logging.WARNING,
                 f"plugin {f.plugin!r} hook {f.hook!r} failed for {where}: {f.error}; "
                 "treated as UNKNOWN (coarse fence)",
             )
+    elif stale:
+        boundary, source = SharedReadBoundary.UNKNOWN, stale[0]
     elif len(set(values)) > 1:
         boundary, source = latest(values), "default:conflict"
         who = ", ".join(f"{p}={v.name}" for p, v in answers)
         pm.log_once(
-            ("conflict", name, mode, ctx),
+            ("conflict", name, mode, ctx, eager_only),
             logging.WARNING,
             f"plugins disagree on {where}: {who}; using the latest, {boundary.name}",
         )
     elif values:
         boundary, source = values[0], _source_of_answers([p for p, _ in answers])
-    elif mode in _CONTRACT_MODES and _follows_contract(pm, backend):
+    elif eager_only:
+        graph = _declared(pm, backend, name, mode, ctx, False, wrapper=wrapper)
+        # A declaration is audited for the captured graph; the eager body may read later.
+        if graph.boundary is SharedReadBoundary.UNKNOWN:
+            boundary, source = SharedReadBoundary.UNKNOWN, graph.source
+        else:
+            boundary, source = SharedReadBoundary.POST_REPLAY, "default:eager"
+    elif not wrapper and mode in _CONTRACT_MODES and _follows_contract(pm, backend):
         boundary, source = SharedReadBoundary.IN_REPLAY, "default:contract"
     else:
         boundary, source = SharedReadBoundary.UNKNOWN, "default:no-answer"
         pm.log_once(
-            ("no-answer", name, mode, ctx),
+            ("no-answer", name, mode, ctx, eager_only),
             logging.DEBUG,
             f"no plugin declares {where}: UNKNOWN (coarse fence)",
         )
     return BoundaryResolution(name, mode, ctx, boundary, source, tuple(answers), tuple(failures))
+
+
+def _drop_stale(
+    pm: WarcorePluginManager, answers: list[tuple[str, Any]], where: str
+) -> tuple[list[tuple[str, SharedReadBoundary]], list[str]]:
+    """Unwrap :class:`Declared` answers; those outside their implementation range are stale."""
+    kept: list[tuple[str, SharedReadBoundary]] = []
+    stale: list[str] = []
+    for plugin, value in answers:
+        if isinstance(value, Declared):
+            why = stale_reason(value.implementation)
+            if why is not None:
+                stale.append(f"stale:{plugin}")
+                pm.log_once(
+                    ("stale", plugin, value.implementation),
+                    logging.WARNING,
+                    f"plugin {plugin!r}: its declaration for {where} is stale: {why}; "
+                    "not applied (coarse fence)",
+                )
+                continue
+            value = value.boundary
+        kept.append((plugin, value))
+    return kept, stale
 
 
 def resolve_war_publish_phase(
@@ -206,7 +299,7 @@ def resolve_war_publish_phase(
         publishes, source = False, f"default:failed:{failures[0].plugin}"
         for f in failures:
             pm.log_once(
-                ("failed", f.plugin, algorithm, mode),
+                ("failed", f.plugin, f.hook, f.error),
                 logging.WARNING,
                 f"plugin {f.plugin!r} hook {f.hook!r} failed for {where}: {f.error}; "
                 "not publishing (coarse fence)",
@@ -226,14 +319,146 @@ def resolve_war_publish_phase(
     return PublishResolution(algorithm, mode, publishes, source, tuple(answers), tuple(failures))
 
 
-def _backend_identity(backend: str | AttentionBackend) -> tuple[str, tuple[Any, ...]]:
+@dataclass(frozen=True)
+class VetoResolution:
+    """Whether anyone vetoes the fine fence for (mode, context), who and why."""
+
+    forward_mode: ForwardMode
+    context: BoundaryContext
+    vetoes: tuple[tuple[str, str], ...] = ()
+    """(plugin, reason) of every veto, failures included."""
+    failures: tuple[PluginFailure, ...] = ()
+
+    @property
+    def vetoed(self) -> bool:
+        return bool(self.vetoes)
+
+    @property
+    def source(self) -> str:
+        """``veto:<plugin>: <reason>`` of the first veto; empty when nobody vetoes."""
+        if not self.vetoes:
+            return ""
+        plugin, reason = self.vetoes[0]
+        return f"veto:{plugin}: {reason}"
+
+
+def resolve_fast_path_veto(
+    forward_mode: ForwardMode | str,
+    context: BoundaryContext | None = None,
+    *,
+    pm: WarcorePluginManager | None = None,
+) -> VetoResolution:
+    """Every veto of the fine fence for (mode, context): the core's switches, then plugins'.
+
+    A failing veto hook counts as a veto: the doubt keeps the coarse fence.
+    """
+    pm = pm if pm is not None else get_plugin_manager()
+    mode = ForwardMode.parse(forward_mode)
+    ctx = context if context is not None else BoundaryContext()
+    vetoes: list[tuple[str, str]] = []
+    if mode is ForwardMode.EXTEND and not pm.config.prefill_fast_path:
+        vetoes.append((BUILTIN, f"the prefill fast path is switched off ({ENV_PREFILL})"))
+    answers, failures = _ask(
+        pm,
+        "warcore_fast_path_veto",
+        {"forward_mode": mode, "context": ctx},
+        lambda v: isinstance(v, str) and bool(v.strip()),
+        "a non-empty reason string",
+    )
+    vetoes.extend(answers)
+    for f in failures:
+        vetoes.append((f"failed:{f.plugin}", f.error))
+        pm.log_once(
+            ("failed", f.plugin, f.hook, f.error),
+            logging.WARNING,
+            f"plugin {f.plugin!r} hook {f.hook!r} failed for mode {mode.name}: {f.error}; "
+            "counted as a veto (coarse fence)",
+        )
+    return VetoResolution(mode, ctx, tuple(vetoes), tuple(failures))
+
+
+@dataclass(frozen=True)
+class OwnerResolution:
+    """Which runner owns the step's read-done event for (algorithm, facts); ``None``: no owner
+    (the barrier keeps the coarse fence)."""
+
+    algorithm: str
+    facts: StepFacts
+    owner: str | None
+    source: str
+    answers: tuple[tuple[str, str], ...] = ()
+    failures: tuple[PluginFailure, ...] = ()
+
+
+def resolve_step_event_owner(
+    algorithm: str,
+    facts: StepFacts | None = None,
+    *,
+    pm: WarcorePluginManager | None = None,
+) -> OwnerResolution:
+    """Resolve the step's event owner; nobody answering → ``"target"`` (sglang's default)."""
+    pm = pm if pm is not None else get_plugin_manager()
+    facts = facts if facts is not None else StepFacts()
+    if not isinstance(facts, StepFacts):
+        raise TypeError(f"facts must be a warcore.StepFacts, got {facts!r}")
+    answers, failures = _ask(
+        pm,
+        "warcore_step_event_owner",
+        {"algorithm": algorithm, "facts": facts},
+        lambda v: v in EVENT_OWNERS,
+        " or ".join(repr(o) for o in EVENT_OWNERS),
+    )
+    values = {v for _, v in answers}
+    owner: str | None
+    if failures:
+        owner, source = None, f"default:failed:{failures[0].plugin}"
+        for f in failures:
+            pm.log_once(
+                ("failed", f.plugin, f.hook, f.error),
+                logging.WARNING,
+                f"plugin {f.plugin!r} hook {f.hook!r} failed for algorithm {algorithm!r}: "
+                f"{f.error}; no event owner (coarse fence)",
+            )
+    elif len(values) > 1:
+        owner, source = None, "default:conflict"
+        who = ", ".join(f"{p}={v}" for p, v in answers)
+        pm.log_once(
+            ("owner-conflict", algorithm, facts),
+            logging.WARNING,
+            f"plugins disagree on the event owner of {algorithm!r}: {who}; no owner (coarse)",
+        )
+    elif values:
+        owner, source = values.pop(), _source_of_answers([p for p, _ in answers])
+    else:
+        owner, source = "target", "default:target"
+    return OwnerResolution(algorithm, facts, owner, source, tuple(answers), tuple(failures))
+
+
+def _backend_identity(
+    pm: WarcorePluginManager, backend: str | AttentionBackend, mode: ForwardMode, ctx: BoundaryContext
+) -> tuple[str, tuple[Any, ...]]:
+    """The backend's name and the children whose shared reads run in ``mode``."""
     if isinstance(backend, str):
-        return backend, ()
+        offer = get_registry(pm).backends.get(backend)
+        compose = offer.spec.children_for if offer is not None else None
+        if compose is None:
+            return backend, ()
+        names = tuple(compose(mode, ctx))
+        if backend in names:
+            raise ValueError(f"backend {backend!r} names itself among its children")
+        return backend, names
     name = getattr(backend, "name", None)
     if not isinstance(name, str):
         raise TypeError(f"backend {backend!r} has no string 'name'")
-    children = getattr(backend, "children", None)
-    return name, tuple(children()) if callable(children) else ()
+    children_for = getattr(backend, "children_for", None)
+    if callable(children_for):
+        children = tuple(children_for(mode, ctx))
+    else:
+        legacy = getattr(backend, "children", None)
+        children = tuple(legacy()) if callable(legacy) else ()
+    if any(c is backend for c in children):
+        raise ValueError(f"backend {name!r} wraps itself (it is among its own children)")
+    return name, children
 
 
 def _follows_contract(pm: WarcorePluginManager, backend: str | AttentionBackend) -> bool:

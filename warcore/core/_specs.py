@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -12,9 +12,14 @@ if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
 
 __all__ = [
+    "CORE_FLAGS",
+    "EVENT_OWNERS",
+    "FlagSpec",
+    "OFFLOAD_FLAGS",
     "AlgorithmSpec",
     "BackendSpec",
     "BoundaryContext",
+    "StepFacts",
     "FlagValue",
     "KNOWN_FAMILIES",
     "NCCL_ALLGATHER_IN_OVERLAP",
@@ -29,7 +34,41 @@ KNOWN_FAMILIES = ("none", "eagle", "dflash")
 NCCL_ALLGATHER_IN_OVERLAP = "nccl_allgather_in_overlap"
 """Context flag: an NCCL all-gather syncs the batch inside the overlap loop (trtllm_mha)."""
 
+OFFLOAD_FLAGS = ("hicache", "hicache_storage", "lmcache")
+"""Context flags for host/storage KV offload (sglang's hierarchical cache, its storage backend,
+LMCache): each one vetoes the prefill fast path (a built-in veto)."""
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """An engine flag a declaration, a veto or a backend reads from the context.
+
+    ``kind`` is ``bool``, ``int`` or ``str``; ``default`` is what ``context.flag(name)`` means
+    when the flag is not set. The core's flags are in :data:`CORE_FLAGS`; a plugin declares its
+    own so that ``--flag`` can reject a typo (an ignored flag can keep an earlier record point).
+    """
+
+    name: str
+    kind: type
+    default: FlagValue
+    description: str
+
+    def __post_init__(self) -> None:
+        validate_name("flag", self.name)
+        if self.kind not in (bool, int, str):
+            raise TypeError(f"flag {self.name!r}: kind must be bool, int or str")
+        if type(self.default) is not self.kind:
+            raise TypeError(f"flag {self.name!r}: default {self.default!r} is not {self.kind}")
+
+
+EVENT_OWNERS = ("target", "draft")
+"""The runners that can own a step's read-done event."""
+
 FlagValue = bool | int | str
+
+HYBRID_PREFILL = "hybrid_prefill_backend"
+HYBRID_DECODE = "hybrid_decode_backend"
+SPEC_ATTN_IS_DECODE = "spec_attn_is_decode"
+LAYER_HYBRID = "layer_hybrid_backends"
 
 
 def validate_name(kind: str, name: object) -> str:
@@ -53,11 +92,18 @@ class BackendSpec:
     name: str
     factory: Callable[..., AttentionBackend]
     description: str = ""
+    children_for: Callable[[Any, BoundaryContext], Sequence[str]] | None = None
+    """A wrapper backend: ``children_for(forward_mode, context)`` names the backends whose
+    shared reads run in that mode (all children for a latest-of wrapper, the one it selects for
+    a selecting wrapper). Resolution by name takes the latest of theirs and the wrapper's own
+    declaration; a built instance answers through its ``children_for`` method instead."""
 
     def __post_init__(self) -> None:
         validate_name("backend", self.name)
         if not callable(self.factory):
             raise TypeError(f"BackendSpec {self.name!r}: factory must be callable")
+        if self.children_for is not None and not callable(self.children_for):
+            raise TypeError(f"BackendSpec {self.name!r}: children_for must be callable")
 
 
 @dataclass(frozen=True)
@@ -135,3 +181,57 @@ class BoundaryContext:
             if key == name:
                 return value
         return default
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """Per-rank and per-step facts an algorithm's event owner may depend on.
+
+    ``has_draft_model``: this rank holds a draft model (sglang: not on a non-last pipeline
+    rank). ``draft_extend_staged``: this step's draft-extend is staged for the next step
+    (multi-layer EAGLE), so it reads nothing in this one.
+    """
+
+    has_draft_model: bool = True
+    draft_extend_staged: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("has_draft_model", "draft_extend_staged"):
+            if not isinstance(getattr(self, field), bool):
+                raise TypeError(f"StepFacts.{field} must be a bool, got {getattr(self, field)!r}")
+
+
+CORE_FLAGS: dict[str, FlagSpec] = {
+    f.name: f
+    for f in (
+        FlagSpec(
+            "nccl_allgather_in_overlap",
+            bool,
+            False,
+            "an NCCL all-gather syncs the batch inside the overlap loop (read by trtllm_mha's "
+            "draft-extend declaration)",
+        ),
+        FlagSpec("hicache", bool, False, "hierarchical KV cache on: vetoes the prefill fast path"),
+        FlagSpec(
+            "hicache_storage", bool, False, "hierarchical cache storage backend on: vetoes prefill"
+        ),
+        FlagSpec("lmcache", bool, False, "LMCache on: vetoes the prefill fast path"),
+        FlagSpec(
+            HYBRID_PREFILL, str, "torch_native", "the hybrid backend's prefill (extend) child"
+        ),
+        FlagSpec(HYBRID_DECODE, str, "torch_native", "the hybrid backend's decode child"),
+        FlagSpec(
+            SPEC_ATTN_IS_DECODE,
+            bool,
+            True,
+            "the hybrid backend runs target-verify on its decode child (else on prefill)",
+        ),
+        FlagSpec(
+            LAYER_HYBRID,
+            str,
+            "torch_native,torch_native",
+            "the layer_hybrid backend's children, comma-separated: layer i uses child i mod n",
+        ),
+    )
+}
+"""The flags the core and its built-in backends and vetoes read."""

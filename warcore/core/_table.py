@@ -15,11 +15,15 @@ from ._manager import WarcorePluginManager, get_plugin_manager
 from ._modes import ForwardMode
 from ._resolve import (
     BoundaryResolution,
+    OwnerResolution,
     PublishResolution,
+    VetoResolution,
+    resolve_fast_path_veto,
     resolve_shared_read_boundary,
+    resolve_step_event_owner,
     resolve_war_publish_phase,
 )
-from ._specs import BoundaryContext
+from ._specs import BoundaryContext, StepFacts
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
@@ -73,12 +77,25 @@ class Decision:
     declared: BoundaryResolution
     publish: PublishResolution
     kind: RunnerKind = RunnerKind.DECODE
+    veto: VetoResolution | None = None
+    withdrawn: bool = False
+    """This prefill batch's backend withdrew the static ``PRE_REPLAY`` (per-batch answer)."""
+
+    @property
+    def refines_per_batch(self) -> bool:
+        """A prefill that publishes before its replay only if its backend agrees per batch
+        (``AttentionBackend.refine_prefill_boundary``)."""
+        return self.kind is RunnerKind.PREFILL and self.record_point is RecordPoint.PRE_REPLAY
 
     @property
     def source(self) -> str:
-        """Why: the publish phase's provenance when it vetoed, else the declaration's."""
+        """Why: force-coarse, a veto, the runner, the publish phase, else the declaration."""
         if self.publish.source == "forced-coarse" or self.declared.source == "forced-coarse":
             return "forced-coarse"
+        if self.veto is not None and self.veto.vetoed:
+            return self.veto.source
+        if self.withdrawn:
+            return f"per-batch:{self.declared.backend}"
         if self.kind is RunnerKind.DRAFT_DECODE:
             return "runner:draft-decode"
         if not self.publish.publishes and self.record_point is RecordPoint.NONE:
@@ -94,9 +111,13 @@ def decide(
     context: BoundaryContext,
     execution: Execution,
 ) -> Decision:
-    declared = resolve_shared_read_boundary(backend, forward_mode, context, pm=pm)
+    eager = execution is Execution.EAGER
+    declared = resolve_shared_read_boundary(backend, forward_mode, context, eager=eager, pm=pm)
     publish = resolve_war_publish_phase(context.algorithm, forward_mode, pm=pm)
-    if kind is RunnerKind.DECODE:
+    veto = resolve_fast_path_veto(forward_mode, context, pm=pm)
+    if veto.vetoed or pm.config.force_coarse:
+        point = RecordPoint.NONE
+    elif kind is RunnerKind.DECODE:
         point = decode_record_point(forward_mode, declared.boundary, publish.publishes, execution)
     elif kind is RunnerKind.DRAFT_EXTEND:
         point = draft_extend_record_point(
@@ -106,7 +127,7 @@ def decide(
         point = prefill_record_point(forward_mode, declared.boundary, publish.publishes)
     else:
         point = RecordPoint.NONE
-    return Decision(point, declared, publish, kind)
+    return Decision(point, declared, publish, kind, veto)
 
 
 class DecisionCache(dict["int | DecisionKey", Decision]):
@@ -115,8 +136,10 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
     Runners turn their keys into small-int handles once (:meth:`handle`, at construction or
     capture) and index with the handle per replay: a dict hit on an int, which costs about
     what a method call does, where hashing a five-field tuple key costs more. Tuple keys work
-    too (tools, tests). The cache empties itself when a plugin is registered or unregistered;
-    handles stay valid across that, and in every cache (an audit tool may swap a runner's).
+    too (tools, tests). The cache empties itself when a plugin is registered or unregistered
+    or a run-time switch changes; handles stay valid across that, and in every cache (an audit
+    tool may swap a runner's). A decision resolved while the plugin set changed is never
+    stored: the next lookup resolves again under the new set.
     """
 
     _handles: ClassVar[dict[DecisionKey, int]] = {}
@@ -127,7 +150,14 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
     def __init__(self, pm: WarcorePluginManager) -> None:
         super().__init__()
         self.pm = pm
-        pm.add_change_listener(self.clear)
+        self._store_lock = threading.Lock()
+        self._owners: dict[tuple[str, StepFacts], OwnerResolution] = {}
+        pm.add_change_listener(self._invalidate)
+
+    def _invalidate(self) -> None:
+        with self._store_lock:
+            self.clear()
+            self._owners.clear()
 
     @classmethod
     def handle(cls, key: DecisionKey) -> int:
@@ -140,9 +170,32 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
             return handle
 
     def __missing__(self, key: int | DecisionKey) -> Decision:
-        decision = self.resolve(self._keys[key] if isinstance(key, int) else key)
-        self[key] = decision
-        return decision
+        full = self._keys[key] if isinstance(key, int) else key
+        pm = self.pm
+        while True:
+            generation = pm.generation
+            decision = self.resolve(full)
+            # The manager bumps its generation before it clears the caches, so a check under
+            # the lock that clearing takes never stores a decision of an older plugin set.
+            with self._store_lock:
+                if pm.generation == generation:
+                    self[key] = decision
+                    return decision
+
+    def event_owner(self, algorithm: str, facts: StepFacts) -> OwnerResolution:
+        """The step's event owner for (algorithm, facts), resolved once per plugin set."""
+        key = (algorithm, facts)
+        owner = self._owners.get(key)
+        if owner is None:
+            pm = self.pm
+            while True:
+                generation = pm.generation
+                owner = resolve_step_event_owner(algorithm, facts, pm=pm)
+                with self._store_lock:
+                    if pm.generation == generation:
+                        self._owners[key] = owner
+                        break
+        return owner
 
     def resolve(self, key: DecisionKey) -> Decision:
         """Resolve ``key`` through the plugins (subclasses may decide differently)."""

@@ -246,11 +246,14 @@ class Engine:
     def barrier(self) -> str:
         """WAR fence for the scheduler's next writes (sglang's ``_apply_war_barrier``); returns
         which fence it took."""
-        event = self.worker.mailbox.mailbox.take()
+        owner = self.worker.mailbox
+        event = owner.mailbox.take() if owner is not None else None
         fence = self.config.fence
         if fence == "none":
             kind = "none"
-        elif fence == "fine" and event is not None:
+        elif fence == "fine" and event is not None and not self.pm.config.force_coarse:
+            # Force-coarse is read at every barrier, as sglang does: switching it on while
+            # running takes effect at the next barrier, before any cached decision is redone.
             self.schedule_stream.wait_event(event)
             kind = "fine"
         else:

@@ -1,8 +1,9 @@
 """Speculative-decoding workers: the forwards one step of each algorithm family launches.
 
 Every step ends with the target's ``commit`` (the rows advance past what the step accepted);
-the worker's ``mailbox`` is the runner that last reads the shared buffers in a step, whose
-read-done event the scheduler's barrier takes:
+the worker's ``mailbox`` is the runner that owns the step's read-done event (the step's last
+reader of the shared buffers), as the algorithm answers ``warcore_step_event_owner`` for this
+worker's facts; the scheduler's barrier takes that runner's event (``None``: no owner, coarse):
 
 * ``none``:   target forward, commit.                                   mailbox: target
 * ``dflash``: target forward (prefill or verify), commit, block drafter. mailbox: target
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from warcore.core import ForwardMode
+from warcore.core import ForwardMode, StepFacts
 from warcore.runners import ModelRunner, RowState, RunnerGroup, StepInput, StepOutput
 from warcore.runners.batch import ForwardBatch
 
@@ -27,7 +28,7 @@ __all__ = ["DflashWorker", "EagleWorker", "PlainWorker", "Worker"]
 
 class Worker(Protocol):
     @property
-    def mailbox(self) -> ModelRunner: ...
+    def mailbox(self) -> ModelRunner | None: ...
 
     def launch(self, step: StepInput) -> StepOutput:
         """Launch every forward of one step on the forward stream; the target's output."""
@@ -47,12 +48,20 @@ def feed_inputs(state: RowState) -> Callable[[ForwardBatch], None]:
 
 
 class PlainWorker:
+    facts = StepFacts(has_draft_model=False)
+    """What this worker tells the algorithm's event-owner answer about the rank and the step."""
+
     def __init__(self, target: RunnerGroup) -> None:
         self.target = target
 
     @property
-    def mailbox(self) -> ModelRunner:
-        return self.target.runner
+    def mailbox(self) -> ModelRunner | None:
+        """The owner's runner: a lookup, resolved once per plugin set."""
+        r = self.target.runner
+        return self.runner_named(r.decisions.event_owner(r.context.algorithm, self.facts).owner)
+
+    def runner_named(self, owner: str | None) -> ModelRunner | None:
+        return self.target.runner if owner == "target" else None
 
     def _target(self, step: StepInput) -> StepOutput:
         if step.prompt_ids is None:
@@ -100,9 +109,10 @@ class EagleWorker(PlainWorker):
             device=draft.runner.device.torch_device,
         )
 
-    @property
-    def mailbox(self) -> ModelRunner:
-        return self.draft.runner
+    facts = StepFacts(has_draft_model=True)
+
+    def runner_named(self, owner: str | None) -> ModelRunner | None:
+        return self.draft.runner if owner == "draft" else super().runner_named(owner)
 
     def launch(self, step: StepInput) -> StepOutput:
         if step.prompt_ids is not None:

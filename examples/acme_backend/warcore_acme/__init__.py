@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import warcore
-from warcore import BackendSpec, BoundaryContext, ForwardMode, SharedReadBoundary
+from warcore import BackendSpec, BoundaryContext, Declared, ForwardMode, SharedReadBoundary
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 BACKEND_NAME = "acme"
+AUDITED = "warcore-acme>=0.1,<0.2"
+"""The code these declarations describe: acme's backend, in this distribution's 0.1 series."""
 
 BOUNDARIES = {
     ForwardMode.EXTEND: SharedReadBoundary.PRE_REPLAY,
@@ -51,11 +53,13 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
 
 @warcore.hookimpl
 def warcore_shared_read_boundary(
-    backend: str, forward_mode: ForwardMode, context: BoundaryContext
-) -> SharedReadBoundary | None:
+    backend: str, forward_mode: ForwardMode, context: BoundaryContext, eager: bool
+) -> Declared | None:
     if backend != BACKEND_NAME:
         return None  # abstain: declarations for other backends are their authors' business
     # The out-graph init copies every row the forward needs (see backend.py): no shared read
-    # is left once the replay starts. Other modes (MIXED, IDLE, DRAFT_EXTEND) are not audited:
+    # is left once the replay starts, captured or eager (acme has no separate eager body, so
+    # ``eager`` changes nothing). Other modes (MIXED, IDLE, DRAFT_EXTEND) are not audited:
     # abstaining leaves them UNKNOWN, the coarse fence.
-    return BOUNDARIES.get(forward_mode)
+    boundary = BOUNDARIES.get(forward_mode)
+    return None if boundary is None else Declared(boundary, AUDITED)

@@ -1,5 +1,19 @@
 """warcore plugin for the ``deepseek_v4`` attention backend (entry point ``deepseek_v4``).
 
+What it declares, and on whose authority (checked against sglang 0.5.23's
+``DeepseekV4AttnBackend.shared_read_ends``, registry name ``dsv4``):
+
+* ``TARGET_VERIFY`` → ``POST_REPLAY`` (its breakable-graph verify re-reads the live page table
+  in every layer), ``IN_REPLAY`` under ``dspark`` (one full graph honouring the contract): as
+  sglang 0.5.23. The eager verify is the same code: the same answer.
+* ``DECODE`` (captured): the contract default, as sglang 0.5.23; eager ``DECODE`` → ``IN_REPLAY``
+  (warcore's audit of the reference backend, which has no separate eager body).
+* ``EXTEND`` → ``PRE_REPLAY`` with a per-batch refinement: the reference backend's sparse
+  prefill re-reads the page table in every layer unless its out-graph init could snapshot the
+  batch's rows (at most ``SNAPSHOT_TOKENS`` query tokens); ``refine_prefill_boundary`` withdraws
+  the fast path for larger batches. sglang 0.5.23 declares ``UNKNOWN`` statically and refines
+  per batch the same way; warcore's static answer is the earliest any batch may publish.
+
 This module is what the ``warcore`` entry point loads, so it imports only warcore's vocabulary:
 no torch, no device work. The backend class is imported by the factory when an engine uses it.
 """
@@ -10,7 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import warcore
-from warcore import BackendSpec, BoundaryContext, ForwardMode, SharedReadBoundary
+from warcore import BackendSpec, BoundaryContext, Declared, ForwardMode, SharedReadBoundary
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
@@ -18,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["BACKEND_NAME", "warcore_attention_backends", "warcore_shared_read_boundary"]
 
 BACKEND_NAME = "deepseek_v4"
+AUDITED = "warcore-deepseek-v4>=0.1,<0.2"
+"""The implementation these declarations were audited against (the backend in this package)."""
 
 _CONTRACT_ALGORITHMS = frozenset({"dspark"})
 """Algorithms whose verify runs as one full graph that honours the metadata contract."""
@@ -42,13 +58,22 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
 
 @warcore.hookimpl
 def warcore_shared_read_boundary(
-    backend: str, forward_mode: ForwardMode, context: BoundaryContext
-) -> SharedReadBoundary | None:
-    if backend != BACKEND_NAME or forward_mode is not ForwardMode.TARGET_VERIFY:
-        # Decode follows the metadata contract (core default); other modes are not audited.
+    backend: str, forward_mode: ForwardMode, context: BoundaryContext, eager: bool
+) -> Declared | None:
+    if backend != BACKEND_NAME:
         return None
-    if context.algorithm in _CONTRACT_ALGORITHMS:
-        return SharedReadBoundary.IN_REPLAY
-    # The breakable-graph verify re-reads shared state across graph segments, i.e. in every
-    # layer: the reads last the whole replay.
-    return SharedReadBoundary.POST_REPLAY
+    if forward_mode is ForwardMode.EXTEND:
+        # The earliest a prefill may publish; the backend withdraws it per batch when the
+        # batch is too large for its snapshot (refine_prefill_boundary).
+        return Declared(SharedReadBoundary.PRE_REPLAY, AUDITED)
+    if forward_mode is ForwardMode.TARGET_VERIFY:
+        if context.algorithm in _CONTRACT_ALGORITHMS:
+            return Declared(SharedReadBoundary.IN_REPLAY, AUDITED)
+        # The breakable-graph verify re-reads shared state across graph segments, i.e. in
+        # every layer: the reads last the whole replay.
+        return Declared(SharedReadBoundary.POST_REPLAY, AUDITED)
+    if forward_mode is ForwardMode.DECODE and eager:
+        return Declared(SharedReadBoundary.IN_REPLAY, AUDITED)
+    # A captured decode follows the metadata contract (core default); other modes are not
+    # audited.
+    return None

@@ -1,7 +1,23 @@
 """warcore plugin for the ``trtllm_mha`` attention backend (entry point ``trtllm_mha``).
 
-This module is what the ``warcore`` entry point loads, so it imports only warcore's vocabulary:
-no torch, no device work. The backend class is imported by the factory when an engine uses it.
+What it declares, and on whose authority (checked against sglang 0.5.23's
+``TRTLLMHAAttnBackend.shared_read_ends``):
+
+* ``EXTEND`` → ``PRE_REPLAY``: as sglang 0.5.23 (its prefill snapshots the page table during
+  metadata preparation); warcore's reference backend does the same in its out-graph init.
+* ``DECODE``, ``TARGET_VERIFY`` (captured): the contract default ``IN_REPLAY``, as sglang 0.5.23.
+* ``DRAFT_EXTEND_V2`` → ``IN_REPLAY`` (``POST_REPLAY`` with the ``nccl_allgather_in_overlap``
+  flag): warcore's own audit of *its reference backend*, shown by ``warcore sanitize``, finer
+  than sglang 0.5.23, which declares nothing there (``UNKNOWN``, a coarse fence) and whose NCCL
+  flag now only picks the DP sync group. The flag rule is the one sglang had between #34052 and
+  0.5.23, kept because it is never earlier.
+* Eager ``DECODE``/``TARGET_VERIFY``/``DRAFT_EXTEND_V2``: the same as the graph, because the
+  reference backend has no separate eager body (warcore's audit; sglang 0.5.23 publishes
+  nothing for eager forwards).
+
+Every declaration is scoped to this distribution's 0.1 series (:class:`warcore.Declared`): the
+backend code it describes lives here. This module is what the ``warcore`` entry point loads, so
+it imports only warcore's vocabulary: no torch, no device work.
 """
 
 from __future__ import annotations
@@ -10,7 +26,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import warcore
-from warcore import BackendSpec, BoundaryContext, ForwardMode, SharedReadBoundary
+from warcore import BackendSpec, BoundaryContext, Declared, ForwardMode, SharedReadBoundary
 from warcore.core import NCCL_ALLGATHER_IN_OVERLAP
 
 if TYPE_CHECKING:
@@ -19,6 +35,10 @@ if TYPE_CHECKING:
 __all__ = ["BACKEND_NAME", "warcore_attention_backends", "warcore_shared_read_boundary"]
 
 BACKEND_NAME = "trtllm_mha"
+AUDITED = "warcore-trtllm-mha>=0.1,<0.2"
+"""The implementation these declarations were audited against (the backend in this package)."""
+
+_EAGER_AS_GRAPH = frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY})
 
 
 def _make_backend(**kwargs: Any) -> AttentionBackend:
@@ -40,20 +60,22 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
 
 @warcore.hookimpl
 def warcore_shared_read_boundary(
-    backend: str, forward_mode: ForwardMode, context: BoundaryContext
-) -> SharedReadBoundary | None:
+    backend: str, forward_mode: ForwardMode, context: BoundaryContext, eager: bool
+) -> Declared | None:
     if backend != BACKEND_NAME:
         return None
     if forward_mode is ForwardMode.EXTEND:
         # Prefill copies the rows of req_to_token it needs into private metadata during the
         # out-graph init, so the shared reads are over before the replay starts.
-        return SharedReadBoundary.PRE_REPLAY
+        return Declared(SharedReadBoundary.PRE_REPLAY, AUDITED)
     if forward_mode is ForwardMode.DRAFT_EXTEND_V2:
-        # sglang's audit: with an NCCL all-gather syncing the batch inside the overlap loop,
-        # draft-extend's shared reads are not confined to the in-graph init, so only the end of
-        # the replay is safe; without it the in-graph init is the last shared read.
+        # warcore's audit of the reference backend: its in-graph init gathers the page table.
+        # With an NCCL all-gather in the overlap loop, only the end of the replay is claimed.
         if context.flag(NCCL_ALLGATHER_IN_OVERLAP):
-            return SharedReadBoundary.POST_REPLAY
-        return SharedReadBoundary.IN_REPLAY
-    # Decode and verify follow the metadata contract: the core default (IN_REPLAY) applies.
+            return Declared(SharedReadBoundary.POST_REPLAY, AUDITED)
+        return Declared(SharedReadBoundary.IN_REPLAY, AUDITED)
+    if eager and forward_mode in _EAGER_AS_GRAPH:
+        # No separate eager body: the eager run calls the same two halves.
+        return Declared(SharedReadBoundary.IN_REPLAY, AUDITED)
+    # A captured decode and verify follow the metadata contract: the core default applies.
     return None

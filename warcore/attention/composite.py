@@ -1,0 +1,170 @@
+"""Wrapper backends: the two shapes sglang 0.5.23 composes attention backends in.
+
+* :class:`HybridBackend` (``hybrid``, sglang's ``HybridAttnBackend``) *selects* one child per
+  forward mode: the decode child for decode and idle, target-verify on the decode child when
+  ``spec_attn_is_decode`` else on the prefill child, every other mode on the prefill child.
+  Its shared reads are the selected child's.
+* :class:`LayerHybridBackend` (``layer_hybrid``, the shape of sglang's hybrid-linear, two-batch
+  overlap and MiniMax wrappers) runs *every* child in every forward (layer ``i`` attends with
+  child ``i mod n``), so its reads end at the latest of its children's.
+
+A wrapper's own name may be declared too (sglang's dots-hybrid overrides its child for plain
+extend); resolution takes the latest of that and its children's (``children_for``). The
+children are built through the registry from engine flags, so any registered backend can be a
+child: ``--flag hybrid_prefill_backend=trtllm_mha --flag hybrid_decode_backend=deepseek_v4``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from warcore.attention._base import AttentionBackend
+from warcore.core import (
+    CORE_FLAGS,
+    BoundaryContext,
+    ForwardMode,
+    SharedReadBoundary,
+    get_plugin_manager,
+    get_registry,
+)
+from warcore.core._specs import HYBRID_DECODE, HYBRID_PREFILL, LAYER_HYBRID, SPEC_ATTN_IS_DECODE
+
+if TYPE_CHECKING:
+    import torch
+
+    from warcore.runners.batch import ForwardBatch
+
+__all__ = [
+    "HybridBackend",
+    "LayerHybridBackend",
+    "hybrid_children",
+    "layer_hybrid_children",
+]
+
+
+def _flag(context: BoundaryContext, name: str) -> Any:
+    return context.flag(name, CORE_FLAGS[name].default)
+
+
+def hybrid_children(mode: ForwardMode, context: BoundaryContext) -> tuple[str]:
+    """The child ``hybrid`` runs ``mode`` on, by name (sglang's ``_select_backend``)."""
+    if mode.is_decode_or_idle():
+        return (_flag(context, HYBRID_DECODE),)
+    if mode.is_target_verify() and _flag(context, SPEC_ATTN_IS_DECODE):
+        return (_flag(context, HYBRID_DECODE),)
+    return (_flag(context, HYBRID_PREFILL),)
+
+
+def layer_hybrid_children(mode: ForwardMode, context: BoundaryContext) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in str(_flag(context, LAYER_HYBRID)).split(",") if n.strip())
+    if not names:
+        raise ValueError(f"flag {LAYER_HYBRID!r} names no backend")
+    return names
+
+
+def _build(names: Sequence[str], wrapper: str, **kwargs: Any) -> list[AttentionBackend]:
+    registry = get_registry(get_plugin_manager())
+    children = []
+    for name in names:
+        if name == wrapper:
+            raise ValueError(f"backend {wrapper!r} cannot be its own child")
+        child = registry.backend(name).factory(**kwargs)
+        if not isinstance(child, AttentionBackend):
+            raise TypeError(f"{wrapper!r}: child {name!r} built {child!r}, not an AttentionBackend")
+        children.append(child)
+    return children
+
+
+class HybridBackend(AttentionBackend):
+    """Selects one child per forward mode; every call goes to the selected child."""
+
+    name = "hybrid"
+
+    def __init__(self, pool: Any, max_bs: int, capacity: int, context: BoundaryContext) -> None:
+        super().__init__(pool)
+        self.context = context
+        kwargs = {"pool": pool, "max_bs": max_bs, "capacity": capacity, "context": context}
+        prefill_name, decode_name = _flag(context, HYBRID_PREFILL), _flag(context, HYBRID_DECODE)
+        self.prefill_backend, self.decode_backend = _build(
+            [prefill_name, decode_name], self.name, **kwargs
+        )
+        self.spec_attn_is_decode = bool(_flag(context, SPEC_ATTN_IS_DECODE))
+
+    def select(self, mode: ForwardMode) -> AttentionBackend:
+        if mode.is_decode_or_idle():
+            return self.decode_backend
+        if mode.is_target_verify() and self.spec_attn_is_decode:
+            return self.decode_backend
+        return self.prefill_backend
+
+    def children(self) -> tuple[AttentionBackend, ...]:
+        return (self.prefill_backend, self.decode_backend)
+
+    def children_for(
+        self, forward_mode: ForwardMode, context: BoundaryContext
+    ) -> tuple[AttentionBackend, ...]:
+        return (self.select(forward_mode),)
+
+    def init_forward_metadata_out_graph(
+        self, batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
+        self.select(batch.forward_mode).init_forward_metadata_out_graph(batch, in_capture)
+
+    def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:
+        self.select(batch.forward_mode).init_forward_metadata_in_graph(batch)
+
+    def refine_prefill_boundary(self, batch: ForwardBatch) -> SharedReadBoundary:
+        return self.select(batch.forward_mode).refine_prefill_boundary(batch)
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        return self.select(batch.forward_mode).forward(layer, q, k, v, batch)
+
+
+class LayerHybridBackend(AttentionBackend):
+    """Every child prepares its metadata in every forward; layer ``i`` uses child ``i mod n``."""
+
+    name = "layer_hybrid"
+
+    def __init__(self, pool: Any, max_bs: int, capacity: int, context: BoundaryContext) -> None:
+        super().__init__(pool)
+        self.context = context
+        kwargs = {"pool": pool, "max_bs": max_bs, "capacity": capacity, "context": context}
+        self._children = tuple(
+            _build(layer_hybrid_children(ForwardMode.DECODE, context), self.name, **kwargs)
+        )
+
+    def children(self) -> tuple[AttentionBackend, ...]:
+        return self._children
+
+    def init_forward_metadata_out_graph(
+        self, batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
+        for child in self._children:
+            child.init_forward_metadata_out_graph(batch, in_capture)
+
+    def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:
+        for child in self._children:
+            child.init_forward_metadata_in_graph(batch)
+
+    def refine_prefill_boundary(self, batch: ForwardBatch) -> SharedReadBoundary:
+        # Every child's reads run: the batch keeps PRE_REPLAY only if every child keeps it.
+        answers = [c.refine_prefill_boundary(batch) for c in self._children]
+        return max(answers, key=lambda b: b.value)
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        return self._children[layer % len(self._children)].forward(layer, q, k, v, batch)
