@@ -37,7 +37,10 @@ PLUGINS = {
     "dflash": "plugins/dflash",
     "broken_fixture": "tests/fixtures/broken_plugin",
     "acme": "examples/acme_backend",
+    "ngram": "examples/ngram_algorithm",
 }
+EXAMPLES = frozenset({"acme", "ngram"})
+"""Third-party example distributions: their cells also run the example's own tests."""
 ALL_THREE = ["trtllm_mha", "deepseek_v4", "dflash"]
 CELLS: dict[str, list[str]] = {
     "none": [],
@@ -48,6 +51,7 @@ CELLS: dict[str, list[str]] = {
     "all-wheels": ALL_THREE,
     "all-broken": [*ALL_THREE, "broken_fixture"],
     "acme": ["acme"],
+    "ngram": ["ngram"],
 }
 # The pluggy axis on the full cell; the others use the newest pluggy.
 PARAMS = [(cell, "newest") for cell in CELLS] + [("all", "lowest")]
@@ -75,15 +79,16 @@ def _share_torch(session: nox.Session) -> None:
 
 
 def _entry_point_name(plugin: str) -> str:
-    return "acme" if plugin == "acme" else plugin
+    return plugin
 
 
 @nox.session
 @nox.parametrize("cell,pluggy", PARAMS)
 def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
     plugins = CELLS[cell]
-    if "acme" in plugins and not (ROOT / PLUGINS["acme"]).exists():
-        session.skip("examples/acme_backend is not in this checkout")
+    for example in EXAMPLES.intersection(plugins):
+        if not (ROOT / PLUGINS[example]).exists():
+            session.skip(f"{PLUGINS[example]} is not in this checkout")
     _share_torch(session)
     session.install(PLUGGY[pluggy], *TEST_TOOLS)
     paths = [str(ROOT / p) for p in (".", *(PLUGINS[p] for p in plugins))]
@@ -105,8 +110,16 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
     session.run("warcore", "plugins", env=env)
     pytest_args = ["-q", "-m", "not slow and not cuda", "-p", "no:cacheprovider"]
     pytest_args += ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+    example_tests = [str(ROOT / PLUGINS[p] / "tests") for p in plugins if p in EXAMPLES]
     session.run(
-        "python", "-m", "pytest", *pytest_args, str(ROOT / "tests"), *session.posargs, env=env
+        "python",
+        "-m",
+        "pytest",
+        *pytest_args,
+        str(ROOT / "tests"),
+        *example_tests,
+        *session.posargs,
+        env=env,
     )
 
 
@@ -120,15 +133,15 @@ _ASSERT_INSTALLED_FROM_WHEEL = (
 def _installed_entry_points(plugins: list[str]) -> set[str]:
     names = set()
     for plugin in plugins:
-        if plugin == "acme":
-            names |= _acme_entry_points()
+        if plugin in EXAMPLES:
+            names |= _example_entry_points(plugin)
         else:
             names.add(plugin)
     return names
 
 
-def _acme_entry_points() -> set[str]:
-    text = (ROOT / PLUGINS["acme"] / "pyproject.toml").read_text()
+def _example_entry_points(example: str) -> set[str]:
+    text = (ROOT / PLUGINS[example] / "pyproject.toml").read_text()
     section = text.split("[project.entry-points.warcore]", 1)[1].split("\n[", 1)[0]
     return {line.split("=")[0].strip() for line in section.splitlines() if "=" in line}
 

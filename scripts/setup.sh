@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or refresh .venv: Python >= 3.10, torch (installed only when it is not importable, and
-# then pinned), warcore, its three plugins and the example plugin (examples/acme_backend) in
-# editable mode, and the test tools.
+# then pinned), warcore, its three plugins and the example plugins (examples/acme_backend,
+# examples/ngram_algorithm) in editable mode, and the test tools.
 # Idempotent: when nothing it installs from has changed, a rerun takes a second or two.
 #
 #   WARCORE_TORCH_INDEX_URL  index to take torch==2.13.0 from (e.g. a CPU-only wheel index);
@@ -11,8 +11,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV=.venv
 PY=$VENV/bin/python
-# The three plugins, and the example third-party plugin whose tests are part of the suite.
-PLUGINS=(plugins/trtllm_mha plugins/deepseek_v4 plugins/dflash examples/acme_backend)
+# The three plugins, and the example third-party plugins whose tests are part of the suite.
+PLUGINS=(plugins/trtllm_mha plugins/deepseek_v4 plugins/dflash examples/acme_backend
+  examples/ngram_algorithm)
 TORCH_PIN="torch==2.13.0"
 
 say() { echo "setup: $*" >&2; }
@@ -40,7 +41,7 @@ fi
 stamp=$VENV/.warcore-setup
 want=$( { pwd; cat pyproject.toml "${PLUGINS[@]/%//pyproject.toml}" "$0"; } | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]] \
-  && "$PY" -c 'import warcore, warcore_trtllm_mha, warcore_deepseek_v4, warcore_dflash, warcore_acme, pytest, hypothesis, numpy' 2>/dev/null \
+  && "$PY" -c 'import warcore, warcore_trtllm_mha, warcore_deepseek_v4, warcore_dflash, warcore_acme, warcore_ngram, pytest, hypothesis, numpy' 2>/dev/null \
   && [[ -x $VENV/bin/ruff && -x $VENV/bin/mypy && -x $VENV/bin/warcore ]]; then
   say "up to date"
   exit 0

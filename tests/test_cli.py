@@ -85,7 +85,10 @@ def test_plugins_table_is_aligned(clean_env: None, capsys: pytest.CaptureFixture
     assert cli.main(["plugins"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0]
-    assert header.split() == ["NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS", "ERROR"]
+    assert header.split() == [
+        "NAME", "DISTRIBUTION", "VERSION", "STATUS", "REGISTERED", "BY", "LOAD", "MS", "HOOKS",
+        "ERROR", "OR", "WARNING",
+    ]  # fmt: skip
     column = header.index("STATUS")
     rows = {line.split()[0]: line for line in lines[1:]}
     for name in DISTRIBUTIONS:
@@ -100,7 +103,7 @@ def test_matrix_rows_cover_every_backend_mode_and_algorithm(
     algorithms = {a for _, _, a in matrix}
     assert backends >= {"torch_native", "trtllm_mha", "deepseek_v4"}
     assert modes == {"EXTEND", "DECODE", "MIXED", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND",
-                     "DRAFT_EXTEND_V2"}  # fmt: skip
+                     "DRAFT_EXTEND_V2", "PREBUILT", "SPLIT_PREFILL", "DLLM_EXTEND"}  # fmt: skip
     assert algorithms >= {"none", "eagle", "dflash", "dspark"}
     assert len(matrix) == len(backends) * len(modes) * len(algorithms)
 
@@ -175,7 +178,15 @@ def test_matrix_table_has_a_header_and_one_line_per_cell(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["BACKEND", "MODE", "ALGORITHM"]
     assert any(line.split()[:3] == ["trtllm_mha", "EXTEND", "none"] for line in lines)
-    assert len({len(line.split()) for line in lines[1:]}) == 1  # every cell filled
+    # Every cell filled: each line has text at every column's start (cells may hold spaces,
+    # a veto's reason or "pre_replay (per batch)", so words are not counted).
+    header = lines[0]
+    starts = [
+        i for i in range(len(header)) if header[i] != " " and (i == 0 or header[i - 2 : i] == "  ")
+    ]
+    assert len(starts) == 10, header
+    for line in lines[1:]:
+        assert all(line[i] != " " and (i == 0 or line[i - 1] == " ") for i in starts), line
 
 
 @pytest.mark.clean_install

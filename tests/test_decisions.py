@@ -1,6 +1,7 @@
 """Where each runner records its read-done event (DESIGN §4), through the real plugins.
 
-The decode matrix reproduces sglang's ``test_decode_cuda_graph_war_fence.py`` rows, and adds the
+The decode matrix reproduces sglang #34052's ``test_decode_cuda_graph_war_fence.py`` rows (the
+pull request warcore was designed from), and adds the
 rows where warcore differs on purpose (the soundness rule: a record point is never earlier than
 the declared boundary). Backends and algorithms are the real ones: ``torch_native`` follows the
 metadata contract, ``deepseek_v4`` declares ``POST_REPLAY`` for verify (``IN_REPLAY`` under
@@ -84,8 +85,8 @@ DECODE_MATRIX = [
                  id="sglang:verify-not-publishing-post-replay->UNKNOWN"),
     pytest.param("dflash", PLANTED, "deepseek_v4", M.TARGET_VERIFY, P.POST_REPLAY,
                  "plugin:deepseek_v4", id="sglang:verify-publishing-post-replay->POST_REPLAY"),
-    # sglang records IN_REPLAY before the replay when no node was planted (earlier than
-    # declared); warcore records at the real point (eager) or after the replay (captured).
+    # sglang #34052 recorded IN_REPLAY before the replay when no node was planted (earlier than
+    # declared); 0.5.23 records after the replay, as warcore does for a captured graph.
     # An eager decode records right after the in-graph init only because the core declares
     # torch_native's eager path on its own (the sanitizer shows it sound).
     pytest.param("none", EAGER, "torch_native", M.DECODE, P.AFTER_IN_GRAPH_INIT,
@@ -250,7 +251,8 @@ NCCL = {NCCL_ALLGATHER_IN_OVERLAP: True}
     [
         ("trtllm_mha", M.DRAFT_EXTEND_V2, "eagle", None, PLANTED, P.IN_GRAPH_NODE),
         ("trtllm_mha", M.DRAFT_EXTEND_V2, "eagle", None, EAGER, P.AFTER_IN_GRAPH_INIT),
-        # sglang degrades an unplanted IN_REPLAY to UNKNOWN here; warcore records after the
+        # sglang #34052 degraded an unplanted IN_REPLAY to UNKNOWN here (0.5.23's draft-extend
+        # runner records after the replay, as warcore does); warcore records after the
         # replay, which is sound and still overlaps the scheduler with the next step.
         ("trtllm_mha", M.DRAFT_EXTEND_V2, "eagle", None, UNPLANTED, P.POST_REPLAY),
         ("trtllm_mha", M.DRAFT_EXTEND_V2, "eagle", NCCL, PLANTED, P.POST_REPLAY),

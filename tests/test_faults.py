@@ -156,10 +156,14 @@ def test_a_plugin_raising_at_resolution_means_coarse_and_one_log_line(
     assert len(lines) <= 2
 
 
-def test_requests_that_cannot_fit_are_rejected_naming_the_request() -> None:
-    too_long = [Request(0, [1] * 100, 100)]
-    with (
-        Engine(EngineConfig(), device="sim") as engine,
-        pytest.raises(ValueError, match="request 0"),
-    ):
-        engine.run(too_long)
+def test_requests_that_cannot_fit_fail_alone_naming_the_limit() -> None:
+    # Only the bad requests fail (issue 11): the others are served, the engine keeps running.
+    too_long = [Request(100, [1] * 100, 100), Request(101, [1] * 60, 100), *TRACE[:3]]
+    with Engine(EngineConfig(), device="sim") as engine:
+        report = engine.run(too_long)
+    assert set(report.errors) == {100, 101}
+    assert "longer than max_prompt 64" in report.errors[100]
+    assert "needs 159 KV positions" in report.errors[101] and "at most 128" in report.errors[101]
+    assert report.outputs[100] == report.outputs[101] == [] and report.stopped is None
+    for req in TRACE[:3]:
+        assert report.outputs[req.rid] == expected()[req.rid]

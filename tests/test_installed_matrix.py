@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-PUBLISHING_AT_EXTEND = {"none", "dflash", "dspark"}  # eagle's prefill is not its publish phase
+PUBLISHING_AT_EXTEND = {"none", "dflash", "dspark", "ngram"}  # eagle's prefill does not publish
 OUR_BACKENDS = {"torch_native", "trtllm_mha", "deepseek_v4"}
 
 
@@ -68,15 +68,19 @@ def test_matrix_covers_exactly_the_installed_backends_and_algorithms(installed: 
     assert ("deepseek_v4" in backends) == ("deepseek_v4" in installed)
     assert algorithms == {"none", "eagle"} | (
         {"dflash", "dspark"} if "dflash" in installed else set()
-    )
+    ) | ({"ngram"} if "ngram" in installed else set())  # examples/ngram_algorithm
 
 
-def test_extend_publishes_only_through_trtllm_mha(installed: set[str]) -> None:
+def test_extend_publishes_only_through_the_snapshotting_plugins(installed: set[str]) -> None:
+    # trtllm_mha snapshots every prefill; deepseek_v4 declares PRE_REPLAY and withdraws it per
+    # batch (the matrix marks it "per batch"); the core's backends never publish a prefill.
+    snapshotting = {"trtllm_mha", "deepseek_v4"}
     for row in _json("matrix")["rows"]:
         if row["mode"] != "EXTEND" or row["backend"] not in OUR_BACKENDS:
             continue  # a third-party backend (the acme example) declares for itself
-        publishes = row["backend"] == "trtllm_mha" and row["algorithm"] in PUBLISHING_AT_EXTEND
+        publishes = row["backend"] in snapshotting and row["algorithm"] in PUBLISHING_AT_EXTEND
         assert row["record_point"] == ("pre_replay" if publishes else "none"), row
+        assert row["per_batch"] is publishes, row
 
 
 def test_deepseek_verify_follows_its_plugin(installed: set[str]) -> None:

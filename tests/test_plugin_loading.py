@@ -8,18 +8,23 @@ here calls ``register`` to install a plugin; the installed real plugins load alo
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata as md
 import logging
-import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _fake_dists import (
+    DECLARES,
+    RAISES_ON_IMPORT,
+    REAL_PLUGINS,
+    FakeDists,
+    fake_dists,
+    marks,
+    run_warcore,
+)
 
 from warcore.core import (
     BoundaryContext,
@@ -36,65 +41,14 @@ from warcore.core import (
     get_decision_cache,
     get_plugin_manager,
     get_registry,
-    reset_plugin_manager,
     resolve_shared_read_boundary,
     resolve_war_publish_phase,
 )
 
-REAL_PLUGINS = {"trtllm_mha", "deepseek_v4", "dflash"}
-
-# Module bodies of the fake plugins.
-DECLARES = """
-import warcore
-from warcore import ForwardMode, SharedReadBoundary
-
-
-@warcore.hookimpl
-def warcore_shared_read_boundary(backend, forward_mode, context):
-    if backend == "torch_native" and forward_mode is ForwardMode.EXTEND:
-        return SharedReadBoundary.{boundary}
-    return None
-"""
-RAISES_ON_IMPORT = "raise RuntimeError('boom at import')\n"
-
-
-@dataclass
-class FakeDists:
-    root: Path
-
-    def add(self, entry: str, source: str, *, dist: str | None = None, version: str = "1.0") -> str:
-        """Install a fake distribution whose ``warcore`` entry point ``entry`` is a module."""
-        dist = dist or f"warcore-fake-{entry.replace('_', '-')}"
-        module = f"_wcfake_{entry}"
-        (self.root / f"{module}.py").write_text(textwrap.dedent(source))
-        info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text(f"[warcore]\n{entry} = {module}\n")
-        importlib.invalidate_caches()
-        return module
-
-    def env(self, **variables: str) -> dict[str, str]:
-        """A subprocess environment that sees these distributions and no stray WARCORE_*."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
-        env.update(variables)
-        return env
-
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
-    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
-        monkeypatch.delenv(var)
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    reset_plugin_manager()
-    yield FakeDists(root)
-    reset_plugin_manager()
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", "") or "").startswith(str(root)):
-            del sys.modules[name]
+    yield from fake_dists(tmp_path, monkeypatch)
 
 
 def _load(config: LoaderConfig | None = None) -> WarcorePluginManager:
@@ -110,13 +64,7 @@ def _info(pm: WarcorePluginManager, name: str) -> PluginInfo:
 
 
 def _warcore(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "warcore", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_warcore(*args, env=env)
 
 
 # -- failure isolation ---------------------------------------------------------------------
@@ -186,19 +134,25 @@ def test_misspelled_hook_fails_that_plugin_naming_plugin_and_hook(fake: FakeDist
     assert resolve_war_publish_phase("eagle", ForwardMode.DECODE, pm=pm).source == "plugin:warcore"
 
 
-def test_duplicate_entry_point_name_loads_only_the_first(fake: FakeDists) -> None:
-    fake.add("twin", DECLARES.format(boundary="PRE_REPLAY"), dist="warcore-fake-a")
-    (fake.root / "_wcfake_twin_b.py").write_text("raise AssertionError('second twin imported')\n")
-    info = fake.root / "warcore_fake_b-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: warcore-fake-b\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[warcore]\ntwin = _wcfake_twin_b\n")
-    importlib.invalidate_caches()
+def test_duplicate_entry_point_name_loads_neither(fake: FakeDists) -> None:
+    """Neither twin is imported: sorted order (here ``a`` first) must not pick the winner, or a
+    distribution named to sort first could displace a genuine plugin."""
+    marker = fake.root / "imported.txt"
+    for side in ("a", "b"):
+        fake.add("twin", marks(marker), dist=f"warcore-fake-{side}", module=f"_wcfake_twin_{side}")
     pm = _load()
     twins = [i for i in pm.plugin_infos if i.name == "twin"]
-    assert [t.status for t in twins] == ["active", "failed"]
-    assert "'warcore-fake-a'" in (twins[1].error or "")
-    assert "'warcore-fake-b'" in (twins[1].error or "")
+    assert [t.status for t in twins] == ["failed", "failed"]
+    for twin in twins:
+        assert "'warcore-fake-a'" in (twin.error or "")
+        assert "'warcore-fake-b'" in (twin.error or "")
+        assert "WARCORE_PLUGINS=DISTRIBUTION:ENTRY_POINT" in (twin.error or "")
+    assert not marker.exists()
+    chosen = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore-fake-b:twin"}))
+    assert [(i.distribution, i.status) for i in chosen.plugin_infos if i.name == "twin"] == [
+        ("warcore-fake-a", "disabled"),
+        ("warcore-fake-b", "active"),
+    ]
 
 
 # -- environment controls ------------------------------------------------------------------

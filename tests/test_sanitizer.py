@@ -82,7 +82,9 @@ def test_a_violation_names_backend_mode_algorithm_boundary_point_and_output() ->
 
 @pytest.mark.parametrize("use_graphs", [True, False], ids=["graph", "eager"])
 def test_one_late_read_of_one_element_of_one_row_is_caught(use_graphs: bool) -> None:
-    pm = make_plugin_manager(DeclaredBackend(OneElementLateReader, {}))
+    # The contract default (IN_REPLAY) for the graph; the eager path declared the same.
+    eager = {ForwardMode.DECODE: SharedReadBoundary.IN_REPLAY}
+    pm = make_plugin_manager(DeclaredBackend(OneElementLateReader, {}, eager=eager))
     report = sanitize("one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL)
     assert report.violation is not None, report.format()
     assert report.violation.forward_mode is ForwardMode.DECODE

@@ -37,8 +37,10 @@ _CONTRACT |= {M.DRAFT_EXTEND_V2: B.IN_REPLAY}
 
 def honest(backend: str, algorithm: str) -> dict[ForwardMode, SharedReadBoundary]:
     table = dict(_CONTRACT)
-    if backend == "trtllm_mha":
-        table[M.EXTEND] = B.PRE_REPLAY  # the out-graph init snapshots the page table
+    if backend in ("trtllm_mha", "deepseek_v4"):
+        # The out-graph init snapshots the page table (deepseek_v4: batches that fit its
+        # snapshot; it withdraws the others per batch, tests/test_war_rules.py).
+        table[M.EXTEND] = B.PRE_REPLAY
     if backend == "deepseek_v4" and algorithm != "dspark":
         table[M.TARGET_VERIFY] = B.POST_REPLAY  # re-reads req_to_token in every layer
     return table
@@ -106,9 +108,10 @@ def _manager(
 
 def test_the_cases_cover_every_backend_and_mode() -> None:
     ids = {p.id for p in EARLY_CASES}
-    # trtllm_mha's EXTEND is PRE_REPLAY already: there is no earlier declaration to make.
-    assert len(ids) == 4 + 3 + 5
+    # trtllm_mha's and deepseek_v4's EXTEND are PRE_REPLAY already: nothing earlier to make.
+    assert len(ids) == 4 + 3 + 4
     assert "trtllm_mha-EXTEND-none" not in ids
+    assert "deepseek_v4-EXTEND-none" not in ids
     assert {"deepseek_v4-TARGET_VERIFY-dflash", "deepseek_v4-TARGET_VERIFY-dspark"} <= ids
 
 

@@ -30,7 +30,7 @@ def test_managers_hold_only_what_they_are_given() -> None:
     registry = get_registry(bare)
     # The core's own backends only (flashinfer where it is installed), no plugin's.
     assert "torch_native" in registry.backends
-    assert set(registry.backends) <= {"torch_native", "flashinfer"}
+    assert set(registry.backends) <= {"torch_native", "hybrid", "layer_hybrid", "flashinfer"}
     assert set(registry.algorithms) == {"none", "eagle"}
     assert [info.name for info in bare.plugin_infos] == ["warcore"]
 
@@ -125,7 +125,8 @@ def test_named(warcore_pm):
 
 
 def test_unnamed(warcore_pm):
-    assert set(get_registry(warcore_pm).backends) <= {"torch_native", "flashinfer"}
+    core = {"torch_native", "hybrid", "layer_hybrid", "flashinfer"}
+    assert set(get_registry(warcore_pm).backends) <= core
     assert set(get_registry(warcore_pm).algorithms) == {"none", "eagle"}
 
 

@@ -21,6 +21,12 @@ It gives you:
 * :class:`DeclaredBackend`, a plugin object offering a backend class under declarations you
   choose: to check that your backend passes with its declarations, and that the sanitizer
   catches it when a declaration is made earlier than the code allows.
+* :class:`DeclaredAlgorithm`, the same for an algorithm: a plugin object offering an algorithm
+  under a :class:`~warcore.StepSpec` you choose (your step, or one whose last reader is
+  declared too early, which the sanitizer must refuse).
+* :func:`assert_matches_serial`, the losslessness check for an algorithm: the reference engine
+  serves a trace with the overlap loop and the fine fence, and its tokens must equal plain
+  serial greedy decoding of the same trace.
 """
 
 from __future__ import annotations
@@ -34,11 +40,15 @@ from warcore.attention import AttentionBackend
 from warcore.audit.sanitizer import DEFAULT_REQUESTS, SanitizeReport, combinations, sanitize
 from warcore.core import (
     BUILTIN_PLUGIN_NAME,
+    CAPTURED_MODES,
     AlgorithmSpec,
     BackendSpec,
+    BoundaryContext,
     ForwardMode,
     LoaderConfig,
     SharedReadBoundary,
+    StepFacts,
+    StepSpec,
     WarcorePluginManager,
     get_plugin_manager,
     hookimpl,
@@ -48,7 +58,9 @@ from warcore.core._specs import FlagValue
 
 __all__ = [
     "CoreAlgorithms",
+    "DeclaredAlgorithm",
     "DeclaredBackend",
+    "assert_matches_serial",
     "assert_declarations_sound",
     "make_plugin_manager",
     "make_warcore_pm",
@@ -88,6 +100,16 @@ class CoreAlgorithms:
     ) -> bool | None:
         return core_builtins.warcore_is_war_publish_phase(algorithm, forward_mode)
 
+    @hookimpl
+    def warcore_step_event_owner(self, algorithm: str, facts: StepFacts) -> str | None:
+        return core_builtins.warcore_step_event_owner(algorithm, facts)
+
+    @hookimpl
+    def warcore_fast_path_veto(
+        self, forward_mode: ForwardMode, context: BoundaryContext
+    ) -> str | None:
+        return core_builtins.warcore_fast_path_veto(forward_mode, context)
+
 
 class DeclaredBackend:
     """A plugin offering ``backend`` (an :class:`~warcore.attention.AttentionBackend` class)
@@ -96,6 +118,9 @@ class DeclaredBackend:
 
     ``name`` defaults to the class's ``name``; another name offers the same code under that
     name (a subclass that differs only in ``name``), so it can sit beside the original.
+    ``eager`` declares the eager (uncaptured) decode, verify and draft-extend: by default the
+    same as ``boundaries`` (a backend without a separate eager body); ``{}`` declares no eager
+    path, so those eager forwards record after the whole forward.
     """
 
     def __init__(
@@ -104,6 +129,7 @@ class DeclaredBackend:
         boundaries: Mapping[ForwardMode, SharedReadBoundary] | Mapping[str, str],
         *,
         name: str | None = None,
+        eager: Mapping[ForwardMode, SharedReadBoundary] | Mapping[str, str] | None = None,
     ) -> None:
         self.name = name or backend.name
         if self.name != backend.name:
@@ -113,6 +139,14 @@ class DeclaredBackend:
             ForwardMode.parse(mode): SharedReadBoundary.parse(boundary)
             for mode, boundary in boundaries.items()
         }
+        self.eager = (
+            dict(self.boundaries)
+            if eager is None
+            else {
+                ForwardMode.parse(mode): SharedReadBoundary.parse(boundary)
+                for mode, boundary in eager.items()
+            }
+        )
 
     def __repr__(self) -> str:
         declared = ", ".join(f"{m.name}={b.name}" for m, b in self.boundaries.items())
@@ -124,11 +158,45 @@ class DeclaredBackend:
 
     @hookimpl
     def warcore_shared_read_boundary(
-        self, backend: str, forward_mode: ForwardMode
+        self, backend: str, forward_mode: ForwardMode, eager: bool
     ) -> SharedReadBoundary | None:
         if backend != self.name:
             return None
-        return self.boundaries.get(forward_mode)
+        table = self.eager if eager and forward_mode in CAPTURED_MODES else self.boundaries
+        return table.get(forward_mode)
+
+
+class DeclaredAlgorithm:
+    """A plugin offering an algorithm under a step you choose (a :class:`~warcore.StepSpec`):
+    to run and sanitize a step shape, and to check that the sanitizer refuses it when its last
+    reader is declared earlier than the forwards allow.
+
+    ``drafter`` is the ``AlgorithmSpec.drafter`` factory (``drafter(target_model, num_draft,
+    device)``: a draft model for draft phases, a :class:`~warcore.engine.drafter.Drafter` for
+    ``propose=True``); ``family`` defaults to ``name``. It answers no hook: the publish phase
+    and the event owner come from the step (provenance ``step:<this plugin>``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        step: StepSpec,
+        *,
+        drafter: Callable[..., Any] | None = None,
+        family: str | None = None,
+        description: str = "",
+    ) -> None:
+        self.spec = AlgorithmSpec(
+            name, family or name, description or f"step {step.describe()}", drafter, step
+        )
+        self.__name__ = f"DeclaredAlgorithm-{name}"
+
+    def __repr__(self) -> str:
+        return f"DeclaredAlgorithm({self.spec.name!r}: {self.spec.step})"
+
+    @hookimpl
+    def warcore_speculative_algorithms(self) -> Iterable[AlgorithmSpec]:
+        return [self.spec]
 
 
 # -- managers --------------------------------------------------------------------------------
@@ -275,3 +343,44 @@ def _explain(
                 f"  {m.runner} {m.mode.name}: {m.summary()}; the reads allow {m.implied.name}"
             )
     return "\n".join(lines)
+
+
+def assert_matches_serial(
+    algorithm: str,
+    backend: str = "torch_native",
+    *,
+    pm: WarcorePluginManager | None = None,
+    device: str = "sim",
+    requests: int = 24,
+    seed: int = 0,
+    prompts: str = "random",
+    num_draft: int = 4,
+) -> Any:
+    """Serve a seeded trace with ``algorithm`` on ``backend`` (overlap loop, fine fence) and
+    with plain serial greedy decoding (algorithm ``none``, serial loop); raise
+    ``AssertionError`` naming the first request whose tokens differ. Returns the algorithm's
+    :class:`~warcore.engine.RunReport` (its ``mean_accepted`` is the acceptance)."""
+    from warcore.engine import Engine, EngineConfig, synthetic_trace
+
+    pm = pm if pm is not None else get_plugin_manager()
+    trace = synthetic_trace(requests, seed=seed, prompts=prompts)
+    configs = {
+        "run": EngineConfig(backend=backend, algorithm=algorithm, num_draft=num_draft),
+        "oracle": EngineConfig(backend=backend, algorithm="none", loop="serial"),
+    }
+    reports = {}
+    for label, config in configs.items():
+        with Engine(config, device=device, pm=pm) as engine:
+            reports[label] = engine.run(trace)
+    run, oracle = reports["run"], reports["oracle"]
+    for label, report in reports.items():
+        if report.errors or report.stopped:
+            why = report.stopped or report.errors
+            raise AssertionError(f"{label} of {algorithm!r} failed: {why}")
+    for rid, tokens in oracle.outputs.items():
+        if run.outputs.get(rid) != tokens:
+            raise AssertionError(
+                f"algorithm {algorithm!r} on {backend!r}: request {rid} produced "
+                f"{run.outputs.get(rid)}, plain serial greedy decoding {tokens}"
+            )
+    return run

@@ -5,6 +5,17 @@ before a graph replay and may read scheduler-shared buffers and host data;
 ``init_forward_metadata_in_graph`` is recorded into the graph (static shapes, no host syncs) and
 may read shared buffers too. After the in-graph init a contract-following backend reads only its
 private metadata, which is why ``IN_REPLAY`` is the safe default for its decode and verify.
+
+Writing a backend: what each method must do, and when the reference engine calls it, is in the
+method docstrings below. In one forward the runner calls, in stream order on the forward stream:
+``load_batch`` (fills the :class:`~warcore.runners.ForwardBatch`: rows, query lengths,
+positions, ``out_cache_loc`` read from ``req_to_token``, input ids), then
+``init_forward_metadata_out_graph`` (eagerly, before the replay), then
+``init_forward_metadata_in_graph`` (captured into the graph, or eagerly), then the model body,
+which calls :meth:`AttentionBackend.forward` once per layer. A forward runs either captured
+(decode, verify, draft decode and draft-extend, in one graph per batch-size bucket: the batch is
+padded with dummy requests, row 0 and ``q_lens`` 0) or eagerly (prefill, and batches no bucket
+holds). ``examples/acme_backend`` is a complete backend with its own compute.
 """
 
 from __future__ import annotations
@@ -25,11 +36,35 @@ __all__ = ["AttentionBackend"]
 
 
 class AttentionBackend(ABC):
-    """Base class of every attention backend; ``name`` is its stable, plugin-facing identity."""
+    """Base class of every attention backend; ``name`` is its stable, plugin-facing identity.
+
+    A subclass **must** set ``name`` (the name its :class:`~warcore.BackendSpec` offers and its
+    declarations use) and implement :meth:`init_forward_metadata_out_graph`,
+    :meth:`init_forward_metadata_in_graph` and :meth:`forward`. It **may** override
+    :meth:`init_forward_metadata` (an eager body of its own: then declare the eager path
+    separately, see ``warcore_shared_read_boundary``'s ``eager``),
+    :meth:`refine_prefill_boundary` (a per-batch prefill answer) and, for a wrapper over other
+    backends, :meth:`children` / :meth:`children_for`.
+
+    Its constructor takes what the engine's factory call passes (:class:`~warcore.BackendSpec`):
+    ``pool``, ``max_bs``, ``capacity``, ``context``; it calls ``super().__init__(pool)`` and
+    allocates every buffer a captured graph will read, at its largest, since a graph replays
+    fixed addresses::
+
+        class MyBackend(AttentionBackend):
+            name = "my_backend"
+
+            def __init__(self, pool, max_bs, capacity, context=None):
+                super().__init__(pool)
+                self.kv_idx = torch.zeros(max_bs, pool.max_context, dtype=torch.int64,
+                                          device=pool.req_to_token.device)
+    """
 
     name: ClassVar[str]
 
     def __init__(self, pool: KVPool) -> None:
+        """``pool``: the runner's :class:`~warcore.engine.kv_pool.KVPool` (kept as
+        ``self.pool``): the scheduler-shared tables and this model's K/V."""
         self.pool = pool
 
     def children(self) -> tuple[AttentionBackend, ...]:
@@ -60,15 +95,32 @@ class AttentionBackend(ABC):
     def init_forward_metadata_out_graph(
         self, batch: ForwardBatch, in_capture: bool = False
     ) -> None:
-        """Eager metadata preparation before the replay; may read shared buffers and host data."""
+        """Eager metadata preparation before the replay; may read shared buffers and host data.
+
+        Must: prepare whatever the in-graph init and the layers need that a graph cannot
+        compute (host planning). Runs as device work on the forward stream, after
+        ``load_batch`` filled ``batch`` (rows, ``q_lens``, ``positions``, ``out_cache_loc``,
+        ``input_ids``); ``batch.host`` is the step on the host (rows, ``q_lens``, ``kv_lens``
+        where the host knows them). A graph replay does not repeat it, so it runs before every
+        replay and before every eager forward. ``in_capture``: this call precedes a capture's
+        warm-up (the batch holds dummy data). Reading ``req_to_token`` here and nowhere later,
+        into private buffers, is what a ``PRE_REPLAY`` declaration promises (acme).
+        """
 
     @abstractmethod
     def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:
         """Static-shape device ops recorded into the graph; the last place shared reads may end
-        for a contract-following backend."""
+        for a contract-following backend.
+
+        Must: only device ops on fixed-address buffers (no ``.item()``, ``.cpu()``,
+        ``.tolist()``, no shapes that depend on data), because it is captured once per
+        batch-size bucket and replayed. After it, a contract-following backend's layers read
+        only private buffers: that is the ``IN_REPLAY`` default for decode and verify.
+        """
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        """Eager runs: both halves in order."""
+        """Eager runs: both halves in order. May be overridden by a backend with an eager body
+        of its own (then its eager decode/verify/draft-extend need their own declaration)."""
         self.init_forward_metadata_out_graph(batch)
         self.init_forward_metadata_in_graph(batch)
 
@@ -83,7 +135,18 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """Store this layer's new K/V and return attention output ``[bs, max_q, heads, dim]``.
 
-        ``q``: ``[bs, max_q, heads, dim]``; ``k``/``v``: ``[bs, max_q, kv_heads, dim]``.
+        ``q``: ``[bs, max_q, heads, dim]`` (RoPE applied); ``k``/``v``:
+        ``[bs, max_q, kv_heads, dim]``. Must: write ``k``/``v`` of query token ``[i, j]`` at
+        slot ``batch.out_cache_loc[i, j]`` of layer ``layer`` in ``pool.k``/``pool.v`` (for a
+        layer in ``pool.swa_layers``, at ``full_to_swa_index_mapping[slot]`` in
+        ``pool.swa_k``/``pool.swa_v``: the sliding-window pool), then attend causally: query
+        ``[i, j]`` at ``batch.positions[i, j]`` sees the request's keys at positions ``0 ..
+        positions[i, j]`` (the last ``pool.cfg.sliding_window`` of them in a window layer), whose
+        slots are ``req_to_token[batch.req_pool_indices[i], :]``. Padding tokens (``j >=
+        q_lens[i]``, and every token of a dummy request in row 0) sit at position 0 and write
+        slot 0, which no request owns; their output is ignored. Runs
+        inside the graph: the in-graph init's rules apply. Reading a shared table here (rather
+        than a private copy made in an init) is a read during the replay: ``POST_REPLAY``.
         """
 
     def __repr__(self) -> str:

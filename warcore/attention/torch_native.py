@@ -74,7 +74,11 @@ class TorchNativeBackend(AttentionBackend):
         self.build_masks(batch)
 
     def gather_page_table(self, batch: ForwardBatch) -> None:
-        """Copy the batch's rows of the shared tables into private buffers (the shared reads)."""
+        """Copy the batch's rows of the shared tables into private buffers (the shared reads):
+        ``req_to_token`` rows into ``meta.kv_idx``, through ``full_to_swa_index_mapping`` into
+        ``meta.kv_idx_swa``, and this forward's SWA write slots into ``meta.out_loc_swa``. Where
+        a subclass calls it decides its boundary (in-graph init: ``IN_REPLAY``; out-graph init:
+        ``PRE_REPLAY``)."""
         kv_idx, kv_idx_swa, out_loc_swa, _, _ = self.meta.views(batch.batch_size, batch.max_q)
         mapping = self.pool.full_to_swa_index_mapping
         torch.index_select(self.pool.req_to_token, 0, batch.req_pool_indices, out=kv_idx)
@@ -82,6 +86,9 @@ class TorchNativeBackend(AttentionBackend):
         out_loc_swa.copy_(mapping[batch.out_cache_loc])
 
     def build_masks(self, batch: ForwardBatch) -> None:
+        """Causal masks ``[bs, max_q, max_context]`` over key positions (and the sliding
+        window's, for SWA layers) from ``batch.positions`` alone: no shared read, so a subclass
+        may call it anywhere (acme builds them in its in-graph init)."""
         _, _, _, mask, mask_swa = self.meta.views(batch.batch_size, batch.max_q)
         pos = batch.positions.unsqueeze(-1)
         key_pos = self.meta.key_pos

@@ -6,27 +6,41 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from warcore.audit.steps import step_problems
 from warcore.core import (
     ENV_PLUGINS,
+    AlgorithmSpec,
     BoundaryContext,
     BoundaryResolution,
     DecisionCache,
     Execution,
     ForwardMode,
+    OwnerResolution,
     PluginInfo,
     PublishResolution,
     RecordPoint,
     RunnerKind,
+    StepFacts,
+    VetoResolution,
     WarcorePluginManager,
     get_decision_cache,
     get_registry,
+    resolve_fast_path_veto,
     resolve_shared_read_boundary,
     resolve_war_publish_phase,
     runner_kind_for,
 )
 from warcore.core._specs import FlagValue
 
-__all__ = ["RUNNER_OF_MODE", "MatrixRow", "build_matrix", "find_problems"]
+__all__ = [
+    "ENGINE_NEUTRAL_ALGORITHMS",
+    "RUNNER_OF_MODE",
+    "MatrixRow",
+    "build_matrix",
+    "find_notes",
+    "find_problems",
+    "model_differences",
+]
 
 _PUBLISHING_MODES = (
     ForwardMode.DECODE,
@@ -42,10 +56,18 @@ RUNNER_OF_MODE: Mapping[ForwardMode, RunnerKind] = {
 NO_RUNNER = "no-runner"
 """Provenance of the record point of a mode that no runner publishes for."""
 
+ENGINE_NEUTRAL_ALGORITHMS = frozenset({"none"})
+"""Algorithms every engine runs (no speculation): the matrix pairs them with every backend.
+Other cells pair a backend only with algorithms of its own engine (``BackendSpec.engine`` ==
+``AlgorithmSpec.engine``): an sglang backend never runs under a reference-engine algorithm."""
+
 
 @dataclass(frozen=True)
 class MatrixRow:
-    """One cell: a backend in a mode under an algorithm, for a captured graph with a node."""
+    """One cell: a backend in a mode under an algorithm. ``record_point`` is for a captured
+    graph with a node (prefill: its eager run), ``eager_point`` for an uncaptured run; a
+    ``PRE_REPLAY`` prefill is refined per batch by the backend (``per_batch``); ``owner`` is
+    the runner whose event the step's barrier takes, for the matrix's :class:`StepFacts`."""
 
     backend: str
     mode: ForwardMode
@@ -55,8 +77,15 @@ class MatrixRow:
     publish: PublishResolution
     record_point: RecordPoint
     source: str
+    eager_point: RecordPoint = RecordPoint.NONE
+    eager_source: str = NO_RUNNER
+    eager_boundary: BoundaryResolution | None = None
+    veto: VetoResolution | None = None
+    per_batch: bool = False
+    owner: OwnerResolution | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        vetoes = [] if self.veto is None else self.veto.vetoes
         return {
             "backend": self.backend,
             "mode": self.mode.name,
@@ -68,21 +97,41 @@ class MatrixRow:
             "runner": None if self.runner is None else self.runner.value,
             "record_point": self.record_point.value,
             "source": self.source,
+            "eager_boundary": None
+            if self.eager_boundary is None
+            else self.eager_boundary.boundary.name,
+            "eager_record_point": self.eager_point.value,
+            "eager_source": self.eager_source,
+            "vetoes": [{"by": who, "reason": why} for who, why in vetoes],
+            "per_batch": self.per_batch,
+            "event_owner": None if self.owner is None else self.owner.owner,
+            "event_owner_source": None if self.owner is None else self.owner.source,
         }
 
 
 def build_matrix(
-    pm: WarcorePluginManager, flags: Mapping[str, FlagValue] | None = None
+    pm: WarcorePluginManager,
+    flags: Mapping[str, FlagValue] | None = None,
+    facts: StepFacts | None = None,
 ) -> list[MatrixRow]:
-    """Every registered backend × every mode × every registered algorithm, sorted by name."""
+    """Every registered backend × every mode × every registered algorithm of the backend's
+    engine (and :data:`ENGINE_NEUTRAL_ALGORITHMS`), sorted by name; ``facts`` are the step
+    facts the event owner is resolved for (default: a rank with a draft model, nothing
+    staged)."""
     registry = get_registry(pm)
     cache = get_decision_cache(pm)
+    facts = facts if facts is not None else StepFacts()
     return [
-        _row(pm, cache, backend, mode, BoundaryContext(algorithm, flags or {}))
+        _row(pm, cache, backend, mode, BoundaryContext(algorithm, flags or {}), facts)
         for backend in sorted(registry.backends)
         for mode in ForwardMode
         for algorithm in sorted(registry.algorithms)
+        if _same_engine(registry.backends[backend].spec.engine, registry.algorithms[algorithm].spec)
     ]
+
+
+def _same_engine(engine: str, algorithm: AlgorithmSpec) -> bool:
+    return algorithm.name in ENGINE_NEUTRAL_ALGORITHMS or algorithm.engine == engine
 
 
 def _row(
@@ -91,38 +140,69 @@ def _row(
     backend: str,
     mode: ForwardMode,
     context: BoundaryContext,
+    facts: StepFacts,
 ) -> MatrixRow:
     runner = RUNNER_OF_MODE.get(mode)
+    owner = cache.event_owner(context.algorithm, facts)
     if runner is None:
-        # Still resolve both answers: the declaration is worth showing, and `check` must see a
+        # Still resolve the answers: the declaration is worth showing, and `check` must see a
         # plugin that fails or conflicts in these modes too.
         declared = resolve_shared_read_boundary(backend, mode, context, pm=pm)
         publish = resolve_war_publish_phase(context.algorithm, mode, pm=pm)
-        point, source = RecordPoint.NONE, NO_RUNNER
-    else:
-        # The same cache the runners use, so the matrix shows exactly what they would do.
-        decision = cache[(runner, backend, mode, context, Execution.GRAPH_PLANTED)]
-        declared, publish = decision.declared, decision.publish
-        point, source = decision.record_point, decision.source
-    return MatrixRow(backend, mode, context.algorithm, runner, declared, publish, point, source)
+        veto = resolve_fast_path_veto(mode, context, pm=pm)
+        return MatrixRow(
+            backend, mode, context.algorithm, None, declared, publish, RecordPoint.NONE,
+            NO_RUNNER, veto=veto, owner=owner,
+        )  # fmt: skip
+    # The same cache the runners use, so the matrix shows exactly what they would do.
+    decision = cache[(runner, backend, mode, context, Execution.GRAPH_PLANTED)]
+    eager = cache[(runner, backend, mode, context, Execution.EAGER)]
+    return MatrixRow(
+        backend,
+        mode,
+        context.algorithm,
+        runner,
+        decision.declared,
+        decision.publish,
+        decision.record_point,
+        decision.source,
+        eager.record_point,
+        eager.source,
+        eager.declared,
+        decision.veto,
+        decision.refines_per_batch,
+        owner,
+    )
 
 
 def find_problems(pm: WarcorePluginManager) -> list[str]:
-    """One line per problem: failed plugins, unknown allowlist names, registry and matrix."""
+    """One line per problem: failed plugins, unknown or ambiguous allowlist names, plugins that
+    register no hook, registry and matrix."""
+    rows = build_matrix(pm)  # first: a hook may register another plugin at run time
     problems = [_failed_plugin(info) for info in pm.failed_plugins]
     problems += [
         f"{ENV_PLUGINS} names {name!r}, but no installed warcore plugin has that entry-point "
         "or distribution name"
         for name in pm.unknown_allowlist_names
     ]
+    problems += pm.allowlist_problems
+    problems += [
+        f"plugin {info.name!r}{_of_distribution(info)} registers no hook: it does nothing"
+        for info in pm.plugin_infos
+        if info.status == "active" and not info.hooks
+    ]
     problems += get_registry(pm).problems
-    problems += _matrix_problems(build_matrix(pm))
+    problems += step_problems(pm)  # not runnable, or a step its hooks contradict (issue 14)
+    problems += _matrix_problems(rows)
     return problems
 
 
+def _of_distribution(info: PluginInfo) -> str:
+    return f" (distribution {info.distribution!r})" if info.distribution else ""
+
+
 def _failed_plugin(info: PluginInfo) -> str:
-    dist = f" (distribution {info.distribution!r})" if info.distribution else ""
-    return f"plugin {info.name!r}{dist} failed: {info.error}"
+    return f"plugin {info.name!r}{_of_distribution(info)} failed: {info.error}"
 
 
 def _matrix_problems(rows: list[MatrixRow]) -> list[str]:
@@ -137,7 +217,7 @@ def _matrix_problems(rows: list[MatrixRow]) -> list[str]:
 def _row_issues(row: MatrixRow) -> Iterator[tuple[str, str]]:
     cell = f"backend {row.backend!r}, mode {row.mode.name}, algorithm {row.algorithm!r}"
     phase = f"algorithm {row.algorithm!r}, mode {row.mode.name}"
-    if row.declared.conflict:
+    if row.declared.own_conflict:
         answers = ", ".join(f"{p}={b.name}" for p, b in sorted(row.declared.answers))
         yield (
             f"conflict: plugins disagree on backend {row.backend!r} mode {row.mode.name}: "
@@ -153,10 +233,118 @@ def _row_issues(row: MatrixRow) -> Iterator[tuple[str, str]]:
         )
     for failure in row.declared.failures:
         yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", cell
+    for resolution in _with_children(row.declared):
+        if resolution.source.startswith("stale:"):
+            yield (
+                f"stale declaration: plugin {resolution.source[len('stale:') :]!r} declares "
+                f"backend {resolution.backend!r} for an implementation range that is not "
+                "installed; not applied (coarse fence)",
+                cell,
+            )
+    if row.veto is not None:
+        for failure in row.veto.failures:
+            yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", phase
+    if row.owner is not None:
+        who = f"the event owner of algorithm {row.algorithm!r}"
+        for failure in row.owner.failures:
+            yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", who
+        if row.owner.source == "default:conflict":
+            answers = ", ".join(f"{p}={v}" for p, v in sorted(row.owner.answers))
+            yield f"conflict: plugins disagree on {who}: {answers}; no owner (coarse)", who
     for failure in row.publish.failures:
         yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", phase
+
+
+def _with_children(resolution: BoundaryResolution) -> Iterator[BoundaryResolution]:
+    yield resolution
+    for child in resolution.children:
+        yield from _with_children(child)
 
 
 def _with_where(message: str, wheres: list[str]) -> str:
     more = f" and {len(wheres) - 1} more" if len(wheres) > 1 else ""
     return f"{message} [{wheres[0]}{more}]"
+
+
+# -- a backend beside the backend it models (BackendSpec.models) ---------------------------
+
+
+@dataclass(frozen=True)
+class ModelDifference:
+    """One cell where a backend and the backend it ``models`` declare differently."""
+
+    backend: str
+    modelled: str
+    mode: ForwardMode
+    algorithm: str
+    modelled_algorithm: str
+    ours: BoundaryResolution
+    theirs: BoundaryResolution
+
+    def pair(self) -> str:
+        if self.algorithm == self.modelled_algorithm:
+            return repr(self.algorithm)
+        return f"{self.algorithm!r}/{self.modelled_algorithm!r}"
+
+
+def model_differences(
+    pm: WarcorePluginManager, flags: Mapping[str, FlagValue] | None = None
+) -> list[ModelDifference]:
+    """Every (mode, algorithm pair) where a backend whose spec ``models`` another registered
+    backend declares a different boundary than that backend (captured graph; eager prefill).
+
+    Algorithms are paired by name (``none`` with ``none``) and by ``AlgorithmSpec.models``
+    (``eagle`` with ``sglang_eagle``), each side only where its engine runs it."""
+    registry = get_registry(pm)
+    out: list[ModelDifference] = []
+    for name, offer in sorted(registry.backends.items()):
+        modelled = offer.spec.models
+        if modelled is None or modelled not in registry.backends:
+            continue
+        theirs_spec = registry.backends[modelled].spec
+        pairs = []
+        for alg, alg_offer in sorted(registry.algorithms.items()):
+            if not _same_engine(offer.spec.engine, alg_offer.spec):
+                continue
+            partner = alg if alg in ENGINE_NEUTRAL_ALGORITHMS else alg_offer.spec.models
+            partner_offer = registry.algorithms.get(partner) if partner else None
+            if partner_offer is None or not _same_engine(theirs_spec.engine, partner_offer.spec):
+                continue
+            pairs.append((alg, partner_offer.spec.name))
+        for mode in ForwardMode:
+            for alg, partner in pairs:
+                ours = resolve_shared_read_boundary(
+                    name, mode, BoundaryContext(alg, flags or {}), pm=pm
+                )
+                theirs = resolve_shared_read_boundary(
+                    modelled, mode, BoundaryContext(partner, flags or {}), pm=pm
+                )
+                if ours.boundary is not theirs.boundary:
+                    out.append(ModelDifference(name, modelled, mode, alg, partner, ours, theirs))
+    return out
+
+
+def find_notes(pm: WarcorePluginManager) -> list[str]:
+    """``warcore check``'s informational lines (they never fail it): where a backend declares
+    differently from the backend it models (``BackendSpec.models``), one line per mode and
+    pair of answers, naming the algorithm pairs."""
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for d in model_differences(pm):
+        key = (
+            d.backend,
+            d.modelled,
+            d.mode.name,
+            d.ours.boundary.name,
+            d.ours.source,
+            d.theirs.boundary.name,
+            d.theirs.source,
+        )
+        grouped.setdefault(key, []).append(d.pair())
+    return [
+        f"note: backend {backend!r} models {modelled!r} but declares {mode} differently: "
+        f"{backend} {ours} ({our_source}), {modelled} {theirs} ({their_source}) "
+        f"[algorithms {', '.join(pairs)}]"
+        for (backend, modelled, mode, ours, our_source, theirs, their_source), pairs in (
+            grouped.items()
+        )
+    ]

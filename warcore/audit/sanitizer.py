@@ -55,7 +55,6 @@ from warcore.audit._sanitize_probe import (
     mark_poisoned,
 )
 from warcore.core import (
-    KNOWN_FAMILIES,
     Decision,
     DecisionCache,
     DecisionKey,
@@ -66,6 +65,7 @@ from warcore.core import (
     SharedReadBoundary,
     WarcorePluginManager,
     decide,
+    engine_problem,
     get_plugin_manager,
     get_registry,
 )
@@ -268,6 +268,12 @@ _CUDA_ONLY_BACKENDS = frozenset({"flashinfer"})
 """Backends whose kernels exist only on a GPU (they raise when built on sim)."""
 
 
+ELSEWHERE = "not on this engine or device"
+"""The start of a skip reason for a combination that runs only in another engine (sglang's
+backends, declarations only) or on another device (flashinfer: CUDA only): ``sanitize --all``
+states these and does not count them as unaudited."""
+
+
 def combinations(
     pm: WarcorePluginManager,
     backends: Sequence[str] = (),
@@ -286,13 +292,17 @@ def combinations(
     for backend in sorted(backends or registry.backends):
         for algorithm in sorted(algorithms or registry.algorithms):
             spec = registry.algorithm(algorithm)
-            reason = None
-            if spec.family not in KNOWN_FAMILIES:
-                reason = f"family {spec.family!r}: the reference engine cannot run it"
-            elif spec.family != "none" and spec.drafter is None:
-                reason = "the algorithm offers no drafter for the reference engine"
+            backend_engine = registry.backend(backend).engine
+            # Why the reference engine cannot run the algorithm's step (issue 14), if it can't.
+            reason = engine_problem(spec)
+            if backend_engine != "warcore":
+                reason = f"{ELSEWHERE} (backend {backend!r} runs in {backend_engine})"
+            elif spec.engine != "warcore":
+                reason = f"{ELSEWHERE} (algorithm {algorithm!r} runs in {spec.engine})"
+            elif reason is not None:
+                reason = f"not runnable: {reason}"
             elif backend in _CUDA_ONLY_BACKENDS and device != "cuda":
-                reason = f"backend {backend!r} runs on cuda only"
+                reason = f"{ELSEWHERE} (backend {backend!r} runs on cuda only)"
             out.append(Combination(backend, algorithm, reason))
     return out
 

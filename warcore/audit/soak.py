@@ -69,6 +69,8 @@ def soak(
 
     if steps < 1:
         raise ValueError(f"--steps must be at least 1, got {steps}")
+    if requests_per_segment < 1:  # a segment without requests takes no step: it never ends
+        raise ValueError(f"--requests must be at least 1, got {requests_per_segment}")
     pm = pm if pm is not None else get_plugin_manager()
     combos = [c for c in combinations(pm) if c.skipped is None]
     report = SoakReport()

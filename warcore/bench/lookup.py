@@ -94,7 +94,9 @@ def measure(
         "lookup": _best_ns(lambda: cache[handle].record_point, number, repeat),
         "direct": _best_ns(lambda: runner.record_point(), number, repeat),
         "pluggy": _best_ns(
-            lambda: hook(backend=_BACKEND, forward_mode=_MODE, context=context), number, repeat
+            lambda: hook(backend=_BACKEND, forward_mode=_MODE, context=context, eager=False),
+            number,
+            repeat,
         ),
     }
     impls = tuple(impl.plugin_name for impl in hook.get_hookimpls())

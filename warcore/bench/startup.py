@@ -20,6 +20,11 @@ Two settings, interleaved round by round: the installed plugins only (the three 
 repository), and the same plus ``--plugins`` generated distributions (a ``.dist-info`` folder
 with an ``entry_points.txt`` and a module offering one backend and one boundary declaration,
 like a real plugin) in a temporary folder on ``PYTHONPATH``.
+
+The children keep the caller's ``WARCORE_PLUGINS`` and ``WARCORE_DISABLE_PLUGINS``: a plugin the
+operator blocked or did not allow is never imported, here as anywhere (the result records the
+restrictions it ran under). The generated distributions are added to an allowlist by their
+``DIST:EP`` names (they are the benchmark's own); every other ``WARCORE_*`` variable is dropped.
 """
 
 from __future__ import annotations
@@ -29,14 +34,18 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from warcore.bench._common import format_table, machine_info, summarise
+from warcore.core import ENV_DISABLE_PLUGINS, ENV_PLUGINS
 
-__all__ = ["PHASES", "generate_plugins", "measure", "table"]
+__all__ = ["PHASES", "RESTRICTIONS", "generate_plugins", "measure", "table"]
 
 PHASES = ("import", "manager", "discover_load", "registry", "total")
+RESTRICTIONS = (ENV_PLUGINS, ENV_DISABLE_PLUGINS)
+"""The caller's variables the children keep: what code may be imported."""
 
 _CHILD = r"""
 import json, sys, time
@@ -102,13 +111,17 @@ def warcore_shared_read_boundary(
 '''
 
 
+def _generated_dist(name: str) -> str:
+    return f"warcore-{name.replace('_', '-')}"
+
+
 def generate_plugins(root: Path, count: int) -> list[str]:
     """Write ``count`` plugin distributions under ``root`` (a ``sys.path`` entry)."""
     names = []
     for i in range(count):
         name = f"bench_plugin_{i:03d}"
         module = f"warcore_{name}"
-        dist = f"warcore-{name.replace('_', '-')}"
+        dist = _generated_dist(name)
         info = root / f"{module}-0.1.0.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text(
@@ -121,14 +134,23 @@ def generate_plugins(root: Path, count: int) -> list[str]:
     return names
 
 
-def _child_env(extra_path: Path | None) -> dict[str, str]:
-    # Drop every WARCORE_* variable: an allowlist or block list in the caller's environment
-    # would change what is measured.
+def _restrictions() -> dict[str, str]:
+    return {var: os.environ[var] for var in RESTRICTIONS if var in os.environ}
+
+
+def _child_env(extra_path: Path | None, generated: Sequence[str] = ()) -> dict[str, str]:
+    # Keep the allowlist and the block list (no warcore command imports a plugin the operator
+    # blocked or did not allow); drop every other WARCORE_* variable.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")}
+    env.update(_restrictions())
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(extra_path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
+    if ENV_PLUGINS in env and generated:
+        # The generated plugins are the benchmark's own: admit exactly them, by identity.
+        own = [f"{_generated_dist(name)}:{name}" for name in generated]
+        env[ENV_PLUGINS] = ",".join([n for n in env[ENV_PLUGINS].split(",") if n.strip()] + own)
     return env
 
 
@@ -151,10 +173,10 @@ def measure(repeat: int = 7, plugins: int = 50, quiet: bool = True) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="warcore-bench-startup-") as tmp:
         root = Path(tmp) / "site"
         pycache = str(Path(tmp) / "pycache")
-        generate_plugins(root, plugins)
+        generated = generate_plugins(root, plugins)
         settings = {
             "installed": (_child_env(None), pycache),
-            f"installed+{plugins}": (_child_env(root), pycache),
+            f"installed+{plugins}": (_child_env(root, generated), pycache),
             "installed, no bytecode": (_child_env(None), ""),
         }
         names = list(settings)
@@ -196,6 +218,7 @@ def measure(repeat: int = 7, plugins: int = 50, quiet: bool = True) -> dict[str,
             "installed_under_50_ms": base["ms"]["total"]["median"] < 50.0,
         },
         "repeat": repeat,
+        "restrictions": _restrictions(),
         "machine": machine_info(),
     }
 
@@ -213,4 +236,10 @@ def table(result: dict[str, Any]) -> str:
     rows.append(["growth per added plugin", *(f"{growth[p]:.2f}" for p in PHASES)])
     names = next(iter(result["settings"].values()))["plugin_names"]
     tail = f"installed plugins (active): {', '.join(names)} (warcore: the core's built-ins)"
-    return "\n".join([head, format_table(["plugins", *PHASES], rows), tail])
+    lines = [head, format_table(["plugins", *PHASES], rows), tail]
+    restrictions = result.get("restrictions") or {}
+    if restrictions:
+        lines.append(
+            "under " + ", ".join(f"{var}={value!r}" for var, value in restrictions.items())
+        )
+    return "\n".join(lines)

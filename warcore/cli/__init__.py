@@ -13,13 +13,15 @@ May import every other part of warcore; nothing in warcore imports it (``warcore
 and the ``warcore`` console script aside).
 
 Exit status: 0 ok, 1 problems found (``check``) or a plugin failed under strict mode, 2 bad
-usage or a malformed ``WARCORE_*`` environment variable.
+usage or a malformed ``WARCORE_*`` environment variable, 141 the reader of stdout went away
+(quietly, like a Unix tool ended by SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from warcore.cli._common import PROG, Command, UsageError
@@ -30,7 +32,7 @@ from warcore.cli.sanitize import SANITIZE
 from warcore.cli.soak import SOAK
 from warcore.core import PluginLoadError
 
-__all__ = ["Command", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "Command", "main"]
 
 _COMMANDS: dict[str, Command] = {
     "plugins": PLUGINS,
@@ -66,15 +68,37 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
+EXIT_BROKEN_PIPE = 128 + 13
+"""The exit status when the reader of stdout went away (``warcore matrix --json | head``):
+what a shell reports for a Unix tool ended by SIGPIPE, so ``set -o pipefail`` sees it alike."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # benchmarks record their command
-    _setup_logging(args.verbose)
     try:
-        return _COMMANDS[args.command].run(args)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except PluginLoadError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        args = _build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # benchmarks record it
+        _setup_logging(args.verbose)
+        try:
+            status = _COMMANDS[args.command].run(args)
+        except UsageError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        except PluginLoadError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 1
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away: stop quietly, as Unix tools do. What is still buffered
+    goes to /dev/null, so the interpreter's final flush cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in a test)
+        pass
+    return EXIT_BROKEN_PIPE

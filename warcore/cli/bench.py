@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,14 @@ from warcore.bench import (
     startup,
     write_result,
 )
-from warcore.cli._common import Command, UsageError, plugin_manager
+from warcore.cli._common import (
+    Command,
+    UsageError,
+    check_count,
+    check_writable,
+    non_negative_float,
+    plugin_manager,
+)
 
 __all__ = ["BENCH"]
 
@@ -37,6 +45,14 @@ def _error(problem: str) -> int:
     return 2
 
 
+def _check_outputs(args: argparse.Namespace, name: str) -> None:
+    """Before measuring: every file the benchmark will write can be written (a
+    :class:`UsageError` naming the option otherwise)."""
+    check_writable("--json", result_path(name, getattr(args, "json", None)), make_parents=True)
+    if getattr(args, "plot", None):
+        check_writable("--plot", args.plot, make_parents=True)
+
+
 # -- lookup --------------------------------------------------------------------------------
 
 
@@ -49,9 +65,12 @@ def _configure_lookup(parser: argparse.ArgumentParser) -> None:
 def _run_lookup(args: argparse.Namespace) -> int:
     if args.number < 1 or args.repeat < 1:
         return _error("--number and --repeat must be positive")
+    if args.json:
+        check_writable("--json", args.json, make_parents=True)
     result = lookup.measure(number=args.number, repeat=args.repeat)
     print(lookup.table(result))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result.as_dict(), fh, indent=2)
             fh.write("\n")
@@ -64,12 +83,17 @@ def _run_lookup(args: argparse.Namespace) -> int:
 def _add_common(parser: argparse.ArgumentParser, requests: int, repeat: int) -> None:
     parser.add_argument("--device", default="sim", help="sim (default) or cuda")
     parser.add_argument("--backend", default=overlap.DEFAULT_BACKEND, help="attention backend")
-    parser.add_argument("--requests", type=int, default=requests, help="requests in the trace")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=requests,
+        help="requests in the trace (at most 100,000)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument("--repeat", type=int, default=repeat, help="measured rounds")
     parser.add_argument(
         "--layer-ms",
-        type=float,
+        type=non_negative_float,
         default=overlap.DEFAULT_LAYER_MS,
         help="modelled device time per layer, ms (sim only)",
     )
@@ -98,8 +122,7 @@ def _settings(args: argparse.Namespace) -> overlap.Settings:
 def _check_sizes(args: argparse.Namespace) -> str | None:
     if args.requests < 1 or args.repeat < 1:
         return "--requests and --repeat must be positive"
-    if args.layer_ms < 0:
-        return "--layer-ms must be >= 0"
+    check_count("--requests", args.requests, _max_requests())
     return None
 
 
@@ -107,16 +130,17 @@ def _configure_overlap(parser: argparse.ArgumentParser) -> None:
     _add_common(parser, requests=24, repeat=11)
     parser.add_argument(
         "--sched-frac",
-        type=float,
+        type=non_negative_float,
         default=overlap.DEFAULT_SCHED_FRACTION,
         help="scheduler device work per step, as a fraction of the forward's time",
     )
 
 
 def _run_overlap(args: argparse.Namespace) -> int:
-    problem = _check_sizes(args) or ("--sched-frac must be >= 0" if args.sched_frac < 0 else None)
+    problem = _check_sizes(args)
     if problem:
         return _error(problem)
+    _check_outputs(args, "overlap")
     result = overlap.measure_overlap(_settings(args))
     print(overlap.overlap_table(result))
     print(f"wrote {write_result('overlap', result, args.json, _argv(args))}")
@@ -130,8 +154,10 @@ def _fractions(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}"
         ) from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError("fractions must be >= 0, at least one")
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"fractions must be finite numbers >= 0, at least one; got {text!r}"
+        )
     return sorted(values)
 
 
@@ -156,6 +182,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         missing = plot.missing_matplotlib()
         if missing:  # say so before minutes of measuring, not after
             return _error(missing)
+    _check_outputs(args, "sweep")
     result = overlap.measure_sweep(_settings(args))
     print(overlap.sweep_table(result))
     print(f"wrote {write_result('sweep', result, args.json, _argv(args))}")
@@ -180,6 +207,7 @@ def _run_startup(args: argparse.Namespace) -> int:
     if args.repeat < 1 or args.plugins < 1:
         return _error("--repeat and --plugins must be positive")
     quiet = args.quiet or not sys.stderr.isatty()
+    _check_outputs(args, "startup")
     result = startup.measure(args.repeat, args.plugins, quiet=quiet)
     print(startup.table(result))
     print(f"wrote {write_result('startup', result, args.json, _argv(args))}")
@@ -199,6 +227,8 @@ def _configure_sanitizer(parser: argparse.ArgumentParser) -> None:
 def _run_sanitizer(args: argparse.Namespace) -> int:
     if args.requests < 1 or args.repeat < 1:
         return _error("--requests and --repeat must be positive")
+    check_count("--requests", args.requests, _max_requests())
+    _check_outputs(args, "sanitizer")
     result = sanitizer.measure(requests=args.requests, repeat=args.repeat, seed=args.seed)
     print(sanitizer.table(result))
     print(f"wrote {write_result('sanitizer', result, args.json, _argv(args))}")
@@ -244,6 +274,9 @@ def _run_all(args: argparse.Namespace) -> int:
         missing = plot.missing_matplotlib()
         if missing:  # before minutes of measuring, not after
             return _error(missing)
+        check_writable("--plot", args.plot, make_parents=True)
+    for name in ("lookup", "overlap", "sweep", "startup", "sanitizer"):
+        check_writable(f"{name} result", result_path(name, None), make_parents=True)
     status = 0
     for name, configure_one, run_one, argv in _benches():
         parser = argparse.ArgumentParser(prog=f"warcore bench {name}")
@@ -328,6 +361,7 @@ def _run(args: argparse.Namespace) -> int:
         missing = plot.missing_matplotlib()
         if missing:
             raise UsageError(missing)
+        check_writable("--plot", args.plot_saved, make_parents=True)
         try:
             result = plot.load_sweep(args.sweep_json)
         except (OSError, ValueError) as exc:
@@ -342,3 +376,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 BENCH = Command("benchmarks, each writing a JSON result", _configure, _run)
+
+
+def _max_requests() -> int:
+    from warcore.engine.requests import MAX_TRACE_REQUESTS  # the engine imports torch
+
+    return MAX_TRACE_REQUESTS

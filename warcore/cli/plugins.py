@@ -4,10 +4,14 @@ declares, and what is wrong with it (computed by :mod:`warcore.audit.matrix`).""
 from __future__ import annotations
 
 import argparse
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from warcore.audit.matrix import MatrixRow, build_matrix, find_problems
+from warcore.audit.matrix import MatrixRow, build_matrix, find_notes, find_problems
 from warcore.cli._common import Command, parse_flag, plugin_manager, print_json, print_table
-from warcore.core import PluginInfo
+from warcore.core import PluginInfo, StepFacts
+from warcore.core._manager import SLOW_PLUGIN_SECONDS
 
 __all__ = ["CHECK", "MATRIX", "PLUGINS"]
 
@@ -19,26 +23,71 @@ def _configure_plugins(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """No per-cell warnings while the matrix is built: what they would say is the output
+    (``check``'s grouped lines, the matrix's provenance column)."""
+    log = logging.getLogger("warcore")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _hook_names(info: PluginInfo) -> str:
     return ",".join(h.removeprefix("warcore_") for h in info.hooks) or "-"
 
 
+def _notes(info: PluginInfo) -> str:
+    errors = [info.error] if info.error else []
+    return "; ".join(errors + [f"warning: {w}" for w in info.warnings])
+
+
+PLUGINS_HEADERS = (
+    "NAME",
+    "DISTRIBUTION",
+    "VERSION",
+    "STATUS",
+    "REGISTERED BY",
+    "LOAD MS",
+    "HOOKS",
+    "ERROR OR WARNING",
+)
+
+
 def _run_plugins(args: argparse.Namespace) -> int:
     pm = plugin_manager()
+    # Every hook the matrix asks, asked once: a plugin that another plugin's hook registers
+    # at run time is listed too, as the matrix would see it.
+    with _quiet():
+        build_matrix(pm)
     if args.json:
         print_json(
             {
                 "plugins": [info.as_dict() for info in pm.plugin_infos],
                 "unknown_allowlist_names": list(pm.unknown_allowlist_names),
+                "allowlist_problems": list(pm.allowlist_problems),
+                "slow_plugin_seconds": SLOW_PLUGIN_SECONDS,
                 "force_coarse": pm.config.force_coarse,
             }
         )
         return 0
     rows = [
-        (i.name, i.distribution or "-", i.version or "-", i.status, _hook_names(i), i.error or "")
+        (
+            i.name,
+            i.distribution or "-",
+            i.version or "-",
+            i.status,
+            i.registered_by,
+            "-" if i.load_ms is None else f"{i.load_ms:.1f}",
+            _hook_names(i),
+            _notes(i),
+        )
         for i in pm.plugin_infos
     ]
-    print_table(("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS", "ERROR"), rows)
+    print_table(PLUGINS_HEADERS, rows)
     return 0
 
 
@@ -54,10 +103,22 @@ def _configure_matrix(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[=VALUE]",
         help="engine flag in the boundary context, e.g. nccl_allgather_in_overlap (repeatable)",
     )
+    parser.add_argument(
+        "--no-draft-model",
+        action="store_true",
+        help="resolve the step's event owner for a rank without a draft model",
+    )
+    parser.add_argument(
+        "--draft-extend-staged",
+        action="store_true",
+        help="resolve the step's event owner for a step whose draft-extend is staged",
+    )
 
 
 def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
     runner = row.runner.value if row.runner is not None else "-"
+    point = row.record_point.value + (" (per batch)" if row.per_batch else "")
+    owner = "-" if row.owner is None else f"{row.owner.owner or 'none'} ({row.owner.source})"
     return (
         row.backend,
         row.mode.name,
@@ -65,20 +126,36 @@ def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
         row.declared.boundary.name,
         row.declared.source,
         runner,
-        row.record_point.value,
+        point,
         row.source,
+        row.eager_point.value if row.runner is not None else "-",
+        owner,
     )
 
 
 def _run_matrix(args: argparse.Namespace) -> int:
     flags = dict(parse_flag(f) for f in args.flag)
     pm = plugin_manager()
-    rows = build_matrix(pm, flags)
+    facts = StepFacts(
+        has_draft_model=not args.no_draft_model, draft_extend_staged=args.draft_extend_staged
+    )
+    with _quiet():  # each cell's provenance is in the output
+        rows = build_matrix(pm, flags, facts)
     if args.json:
-        print_json({"flags": flags, "rows": [row.as_dict() for row in rows]})
+        print_json(
+            {
+                "flags": flags,
+                "facts": {
+                    "has_draft_model": facts.has_draft_model,
+                    "draft_extend_staged": facts.draft_extend_staged,
+                },
+                "rows": [row.as_dict() for row in rows],
+            }
+        )
         return 0
     headers = ("BACKEND", "MODE", "ALGORITHM", "BOUNDARY", "DECLARED BY", "RUNNER")
-    print_table((*headers, "RECORD POINT", "BECAUSE"), [_matrix_cells(r) for r in rows])
+    tail = ("RECORD POINT", "BECAUSE", "EAGER", "EVENT OWNER")
+    print_table((*headers, *tail), [_matrix_cells(r) for r in rows])
     return 0
 
 
@@ -90,9 +167,16 @@ def _configure_check(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    problems = find_problems(plugin_manager())
+    pm = plugin_manager()  # loading warns as in every command (failed, slow, inert plugins)
+    with _quiet():  # the lines below are the output: no per-cell warnings besides them
+        problems = find_problems(pm)
+        # Informational: a backend that models another engine's (BackendSpec.models) and
+        # declares differently. Printed after the problems; never changes the exit status.
+        notes = find_notes(pm)
     for problem in problems:
         print(problem)
+    for note in notes:
+        print(note)
     if not problems:
         print("ok")
     return 1 if problems else 0
@@ -105,7 +189,8 @@ MATRIX = Command(
     _run_matrix,
 )
 CHECK = Command(
-    "exit 1 with one line per problem (failed plugins, conflicts, unknown names)",
+    "exit 1 with one line per problem (failed plugins, conflicts, unknown names); 'note:' "
+    "lines (a backend declaring differently from the one it models) never fail it",
     _configure_check,
     _run_check,
 )

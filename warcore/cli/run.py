@@ -6,7 +6,15 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from warcore.cli._common import Command, UsageError, parse_flag, plugin_manager
+from warcore.cli._common import (
+    Command,
+    UsageError,
+    check_count,
+    check_writable,
+    non_negative_float,
+    parse_flags,
+    plugin_manager,
+)
 
 if TYPE_CHECKING:
     from warcore.core._specs import FlagValue
@@ -22,10 +30,26 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithm", default="none", help="speculative algorithm name")
     parser.add_argument("--fence", default="fine", help="fine, coarse or none (unsafe)")
     parser.add_argument("--loop", default="overlap", help="overlap or serial")
-    parser.add_argument("--requests", type=int, default=64, help="requests in the trace")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=64,
+        help="requests in the trace (1 to 100,000: warcore.engine.MAX_TRACE_REQUESTS)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument(
-        "--num-draft", type=int, default=4, help="draft tokens per verify (speculative only)"
+        "--prompts",
+        choices=("random", "repetitive"),
+        default="random",
+        help="trace prompts: random tokens, or each a repeated short motif (what prompt "
+        "lookup, --algorithm ngram, finds)",
+    )
+    parser.add_argument(
+        "--num-draft",
+        type=int,
+        default=4,
+        help="draft tokens per verify (speculative only; at most 31 with the default scheduler: "
+        "16 requests x (K+1) tokens must fit the engine's 512-token batch)",
     )
     parser.add_argument("--no-graphs", action="store_true", help="run decode eagerly")
     parser.add_argument(
@@ -38,18 +62,22 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--no-verify", action="store_true", help="skip the serial-loop comparison of tokens"
     )
     parser.add_argument(
-        "--flag", action="append", default=[], metavar="NAME[=VALUE]", help="engine flag"
+        "--flag",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="engine flag, a declared one (README: Engine flags); repeatable",
     )
     parser.add_argument(
         "--layer-ms",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="modelled device time per model layer in ms, using no CPU (sim only; what "
         "`warcore bench overlap` uses to make the CPU forward behave like a GPU's)",
     )
     parser.add_argument(
         "--schedule-ms",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="scheduler device work per step in ms (a modelled H2D copy on the schedule stream)",
     )
@@ -91,8 +119,12 @@ class _ProgressBar:
 def _run(args: argparse.Namespace) -> int:
     from warcore.core import DuplicateNameError, UnknownNameError
     from warcore.device import DeviceError
+    from warcore.engine import MAX_TRACE_REQUESTS
 
-    flags = dict(parse_flag(f) for f in args.flag)
+    check_count("--requests", args.requests, MAX_TRACE_REQUESTS)
+    if args.trace:
+        check_writable("--trace", args.trace)
+    flags = parse_flags(args.flag)
     plugin_manager()
     try:
         return _serve(args, flags)
@@ -105,10 +137,6 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
 
     from warcore.engine import Engine, EngineConfig, ModelConfig, synthetic_trace
 
-    if args.requests < 1:
-        raise ValueError(f"--requests must be at least 1, got {args.requests}")
-    if args.layer_ms < 0 or args.schedule_ms < 0:
-        raise ValueError("--layer-ms and --schedule-ms must be >= 0")
     dtype = _DTYPES.get(args.dtype)
     if dtype is None:
         raise ValueError(f"unknown --dtype {args.dtype!r}; valid: {', '.join(_DTYPES)}")
@@ -124,7 +152,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         modelled_layer_s=args.layer_ms / 1e3,
         schedule_work_s=args.schedule_ms / 1e3,
     )
-    trace = synthetic_trace(args.requests, seed=args.seed)
+    trace = synthetic_trace(args.requests, seed=args.seed, prompts=args.prompts)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     recorder, trace_note = None, None
     if args.trace:
@@ -182,9 +210,7 @@ def format_report(report: RunReport) -> str:
         f"  requests        {report.requests} ({report.rows_reused} admitted into a reused row)",
         f"  tokens          {report.tokens} in {report.elapsed_s:.2f} s = "
         f"{report.tokens_per_s:,.0f} tokens/s",
-        f"  steps           {report.steps} ("
-        + ", ".join(f"{n} {m.name}" for m, n in sorted(report.forwards.items(), key=_by_name))
-        + ")",
+        f"  steps           {report.steps} ({_step_breakdown(report)})",
         "  read-done records (forward mode, record point, forwards):",
     ]
     for (mode, point), n in sorted(
@@ -201,6 +227,10 @@ def format_report(report: RunReport) -> str:
         )
     if report.errors:
         lines.append(f"  errors          {len(report.errors)} requests failed")
+        shown = sorted(report.errors.items())[:_ERRORS_SHOWN]
+        lines += [f"    request {rid}: {error}" for rid, error in shown]
+        if len(report.errors) > _ERRORS_SHOWN:
+            lines.append(f"    ... and {len(report.errors) - _ERRORS_SHOWN} more")
     if report.matches_serial is not None:
         verdict = (
             "identical to the serial loop"
@@ -209,6 +239,17 @@ def format_report(report: RunReport) -> str:
         )
         lines.append(f"  tokens          {verdict}")
     return "\n".join(lines)
+
+
+_ERRORS_SHOWN = 3
+
+
+def _step_breakdown(report: RunReport) -> str:
+    """Steps by the step's target forward mode, then the idle ones: the parts add up."""
+    parts = [f"{n} {m.name}" for m, n in sorted(report.forwards.items(), key=_by_name)]
+    if report.idle_steps:
+        parts.append(f"{report.idle_steps} idle")
+    return ", ".join(parts) or "0 launched"
 
 
 def _by_name(item: tuple[object, int]) -> str:

@@ -9,9 +9,17 @@ account of where each mode's last shared read is. Its cost per forward is measur
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import TYPE_CHECKING
 
-from warcore.cli._common import Command, UsageError, parse_flag, plugin_manager, print_table
+from warcore.cli._common import (
+    Command,
+    UsageError,
+    check_count,
+    parse_flags,
+    plugin_manager,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from warcore.audit.sanitizer import Combination, ModeSummary, SanitizeReport
@@ -63,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     from warcore.core import DuplicateNameError, UnknownNameError
     from warcore.device import DeviceError
 
-    flags = dict(parse_flag(f) for f in args.flag)
+    flags = parse_flags(args.flag)
     pm = plugin_manager()
     try:
         return _sanitize_all(args, flags, pm)
@@ -74,11 +82,14 @@ def _run(args: argparse.Namespace) -> int:
 def _sanitize_all(
     args: argparse.Namespace, flags: dict[str, FlagValue], pm: WarcorePluginManager
 ) -> int:
-    """Exit status: 0 every combination sound, 1 a violation or an engine error."""
+    """Exit status: 0 every combination sound; 1 a violation or an engine error, or a name
+    that could not be audited: a backend or algorithm named with ``--backend``/``--algorithm``
+    (with ``--all``: any registered one, or one disabled because two plugins offer it) that had
+    no combination sanitized. The last line says how many were skipped and why."""
     from warcore.audit.sanitizer import combinations
+    from warcore.engine.requests import MAX_TRACE_REQUESTS
 
-    if args.requests < 1:
-        raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    check_count("--requests", args.requests, MAX_TRACE_REQUESTS)
     if not (args.all or args.backend or args.algorithm):
         raise ValueError("say what to sanitize: --backend NAME, --algorithm NAME, or --all")
     combos = combinations(pm, args.backend, args.algorithm, args.device)
@@ -94,9 +105,53 @@ def _sanitize_all(
                 print()
                 print(_explain(_trace(args, flags, pm, combo)))
     ran = sum(r.skipped is None for r in reports)
-    verdict = "VIOLATIONS FOUND" if problems else "all sound"
-    print(f"\n{verdict}: {_n(ran, 'combination')} sanitized, {len(reports) - ran} skipped")
-    return 1 if problems else 0
+    unaudited = _unaudited(args, pm, reports)
+    verdict = "VIOLATIONS FOUND" if problems else "NOT AUDITED" if unaudited else "all sound"
+    line = f"{verdict}: {_n(ran, 'combination')} sanitized, {len(reports) - ran} skipped"
+    why = Counter(r.skipped for r in reports if r.skipped is not None)
+    if why:
+        line += " (" + "; ".join(f"{n} {reason}" for reason, n in sorted(why.items())) + ")"
+    if unaudited:
+        line += "; " + "; ".join(unaudited)
+    print(f"\n{line}")
+    return 1 if problems or unaudited else 0
+
+
+def _unaudited(
+    args: argparse.Namespace, pm: WarcorePluginManager, reports: list[SanitizeReport]
+) -> list[str]:
+    """Why each backend or algorithm that had to be audited had no combination sanitized:
+    the ones named; with ``--all``, every registered one and every one disabled as a
+    duplicate (a registry problem would otherwise shrink ``--all`` to fewer names)."""
+    from warcore.audit.sanitizer import ELSEWHERE
+    from warcore.core import get_registry
+
+    registry = get_registry(pm)
+    out: list[str] = []
+    for label, named, table in (
+        ("backend", args.backend, registry.backends),
+        ("algorithm", args.algorithm, registry.algorithms),
+    ):
+        disabled = _disabled(registry, label)
+        required = list(named) or ([*table, *disabled] if args.all else [])
+        for name in sorted(set(required)):
+            mine = [r for r in reports if getattr(r, label) == name]
+            if any(r.skipped is None for r in mine):
+                continue
+            elsewhere = all((r.skipped or "").startswith(ELSEWHERE) for r in mine)
+            if mine and elsewhere and not named:
+                continue  # --all: runs only in another engine or on another device (stated)
+            reasons = sorted({r.skipped for r in mine if r.skipped is not None})
+            reason = disabled.get(name) or "; ".join(reasons) or "no combination to run"
+            out.append(f"{label} {name!r} had no combination sanitized ({reason})")
+    return out
+
+
+def _disabled(registry: object, label: str) -> dict[str, str]:
+    """Names of ``label`` the registry disabled (offered by more than one plugin), with why."""
+    duplicates: dict[str, str] = getattr(registry, "_duplicates", {})
+    prefix = f"{label}:"
+    return {k[len(prefix) :]: v for k, v in duplicates.items() if k.startswith(prefix)}
 
 
 def _sanitize(

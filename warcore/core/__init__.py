@@ -19,6 +19,7 @@ from ._manager import (
     LoaderConfig,
     PluginInfo,
     PluginLoadError,
+    PluginReentryError,
     PluginValidationError,
     WarcorePluginManager,
     get_plugin_manager,
@@ -40,14 +41,26 @@ from ._resolve import (
 from ._specs import (
     CORE_FLAGS,
     EVENT_OWNERS,
-    FlagSpec,
     KNOWN_FAMILIES,
     NCCL_ALLGATHER_IN_OVERLAP,
     OFFLOAD_FLAGS,
     AlgorithmSpec,
     BackendSpec,
     BoundaryContext,
+    FlagSpec,
     StepFacts,
+)
+from ._steps import (
+    DFLASH_STEP,
+    EAGLE_STEP,
+    FAMILY_STEPS,
+    NONE_STEP,
+    NUM_DRAFT,
+    PUBLISHING_MODES,
+    Phase,
+    StepSpec,
+    engine_problem,
+    step_of,
 )
 from ._table import (
     Decision,
@@ -60,6 +73,16 @@ from ._table import (
 )
 
 __all__ = [
+    "DFLASH_STEP",
+    "EAGLE_STEP",
+    "FAMILY_STEPS",
+    "NONE_STEP",
+    "NUM_DRAFT",
+    "PUBLISHING_MODES",
+    "Phase",
+    "StepSpec",
+    "engine_problem",
+    "step_of",
     "BUILTIN_PLUGIN_NAME",
     "CAPTURED_MODES",
     "CORE_FLAGS",
@@ -94,6 +117,7 @@ __all__ = [
     "PluginFailure",
     "PluginInfo",
     "PluginLoadError",
+    "PluginReentryError",
     "PluginValidationError",
     "PublishResolution",
     "RecordPoint",

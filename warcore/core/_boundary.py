@@ -91,7 +91,9 @@ class Declared:
 
     def __post_init__(self) -> None:
         if not isinstance(self.boundary, SharedReadBoundary):
-            raise TypeError(f"Declared.boundary must be a SharedReadBoundary, got {self.boundary!r}")
+            raise TypeError(
+                f"Declared.boundary must be a SharedReadBoundary, got {self.boundary!r}"
+            )
         from ._scope import parse_requirement
 
         parse_requirement(self.implementation)  # a malformed range fails where it is written

@@ -22,11 +22,15 @@ from ._boundary import SharedReadBoundary
 from ._hookspecs import hookimpl
 from ._modes import ForwardMode
 from ._specs import OFFLOAD_FLAGS, AlgorithmSpec, BackendSpec, BoundaryContext, StepFacts
+from ._steps import EAGLE_STEP, NONE_STEP
 
 _PUBLISH_PHASES = {
     "none": frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}),
     "eagle": frozenset({ForwardMode.DRAFT_EXTEND_V2}),
 }
+"""What the steps ``NONE_STEP`` and ``EAGLE_STEP`` say (``warcore check`` compares them); the
+hooks answer too, for sglang's facts the steps do not cover (EAGLE's owner on a rank without
+a draft model, or with its draft-extend staged)."""
 
 _TORCH_NATIVE_EAGER = frozenset(
     {ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
@@ -106,12 +110,14 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
 @hookimpl
 def warcore_speculative_algorithms() -> Iterable[AlgorithmSpec]:
     return [
-        AlgorithmSpec("none", "none", "no speculative decoding"),
+        AlgorithmSpec("none", "none", "no speculative decoding", step=NONE_STEP),
         AlgorithmSpec(
             "eagle",
             "eagle",
             "autoregressive drafter; draft-extend after verify",
             drafter=_eagle_drafter,
+            step=EAGLE_STEP,
+            models="sglang_eagle",
         ),
     ]
 
@@ -139,6 +145,8 @@ def warcore_shared_read_boundary(
 def warcore_fast_path_veto(forward_mode: ForwardMode, context: BoundaryContext) -> str | None:
     if forward_mode is not ForwardMode.EXTEND:
         return None
+    # The core's flags hicache, hicache_storage, lmcache (CORE_FLAGS: bool, default False;
+    # README "Engine flags"): host/storage KV offload on.
     for flag in OFFLOAD_FLAGS:
         if context.flag(flag):
             return _OFFLOAD_REASON.format(flag=flag)

@@ -13,7 +13,7 @@ import pluggy
 
 from ._boundary import Declared, SharedReadBoundary
 from ._modes import ForwardMode
-from ._specs import AlgorithmSpec, BackendSpec, BoundaryContext, StepFacts
+from ._specs import AlgorithmSpec, BackendSpec, BoundaryContext, FlagSpec, StepFacts
 
 __all__ = ["PROJECT_NAME", "WarcoreSpecs", "hookimpl", "hookspec"]
 
@@ -115,8 +115,9 @@ class WarcoreSpecs:
         of the step's last reader of shared buffers. ``facts`` (:class:`~warcore.StepFacts`)
         says whether this rank holds a draft model and whether this step's draft-extend is
         staged for the next step. Return ``None`` for algorithms that are not yours; nobody
-        answering means ``"target"``. Raising, answering anything else, or plugins
-        disagreeing means no owner: the barrier takes the coarse fence.
+        answering means the owner the algorithm's :class:`~warcore.StepSpec` declares (the
+        runner of its last reader), else ``"target"``. Raising, answering anything else, or
+        plugins disagreeing means no owner: the barrier takes the coarse fence.
 
         Example plugin::
 
@@ -144,7 +145,10 @@ class WarcoreSpecs:
         publishes a read-done event only for the forward that is its step's last shared reader;
         answer ``True`` for that forward of your algorithm, ``False`` for the others, ``None``
         for algorithms that are not yours. Raising or returning a non-bool counts as ``False``
-        (publish nothing, keep the coarse fence) and is recorded; so does a disagreement.
+        (publish nothing, keep the coarse fence) and is recorded; so does a disagreement. With
+        no answer, an algorithm whose :class:`~warcore.AlgorithmSpec` has a ``step`` answers
+        from it (its last readers' modes), others ``False``; you need this hook only where the
+        step cannot say it, and ``warcore check`` reports an answer that contradicts the step.
 
         Example plugin::
 
@@ -189,16 +193,80 @@ class WarcoreSpecs:
     def warcore_speculative_algorithms(self) -> Iterable[AlgorithmSpec] | None:
         """Offer speculative-decoding algorithms: an iterable of :class:`~warcore.AlgorithmSpec`.
 
-        Called once when the algorithm registry is built. ``family`` tells the engine how a
-        step of the algorithm runs (``"none"``, ``"eagle"``, ``"dflash"``); its publish phase
-        still comes from :meth:`warcore_is_war_publish_phase`.
+        Called once when the algorithm registry is built. ``step`` (a :class:`~warcore.StepSpec`)
+        describes a step of the algorithm: its forwards in order, on which runner, which one is
+        the last shared reader (so which runner owns the event), whether a drafter proposes
+        after the commit, how drafts are accepted. When no plugin answers
+        :meth:`warcore_is_war_publish_phase` or :meth:`warcore_step_event_owner` for the
+        algorithm, the core answers from the step (provenance ``step:<plugin>``). Without a
+        ``step``, ``family`` ``"none"``, ``"eagle"`` or ``"dflash"`` stands for a built-in step;
+        any other family is not runnable by the reference engine (``warcore check`` says so).
+        ``drafter`` builds what the step needs besides the target (a draft model, or a
+        :class:`warcore.engine.drafter.Drafter`).
 
-        Example plugin::
+        Example plugin (k draft-model decodes, then the verify, the last reader)::
 
             import warcore
+            from warcore import ForwardMode, Phase, StepSpec
+
+            STEP = StepSpec(
+                prefill=(Phase("target", ForwardMode.EXTEND),
+                         Phase("draft", ForwardMode.DRAFT_EXTEND)),
+                decode=(Phase("draft", ForwardMode.DECODE, repeat="num_draft"),
+                        Phase("target", ForwardMode.TARGET_VERIFY)),
+            )
+
+
+            def _draft_model(target, num_draft, device):
+                from my_package.model import make_draft_model  # a TinyLlama for the engine
+
+                return make_draft_model(target.cfg, device)
 
 
             @warcore.hookimpl
             def warcore_speculative_algorithms():
-                return [warcore.AlgorithmSpec("my_spec", "dflash", "block drafter, verify once")]
+                return [warcore.AlgorithmSpec("my_spec", "standalone", "draft model, verify",
+                                              drafter=_draft_model, step=STEP)]
+        """
+
+    @hookspec
+    def warcore_engine_flags(self) -> Iterable[FlagSpec] | None:
+        """Declare the engine flags your plugin reads: an iterable of :class:`~warcore.FlagSpec`.
+
+        Called once when the registry is built (after plugin loading, again after a plugin is
+        registered or unregistered). ``--flag NAME[=VALUE]`` on the command line and
+        ``EngineConfig.flags`` in the API accept only declared flags: the core's own
+        (``warcore.core.CORE_FLAGS``) and the ones plugins return here; an unknown name or a
+        value of the wrong kind is an error naming the valid ones, because a declaration that
+        reads a misspelt flag sees its default and can keep an earlier record point than the
+        engine allows. Return every flag your declarations, vetoes or backends read with
+        ``context.flag(name)`` that is not a core flag: ``FlagSpec(name, kind, default,
+        description)`` with ``kind`` ``bool``, ``int`` or ``str`` and ``default`` what an unset
+        flag means (read it with ``context.flag(name, default)``). Several plugins may declare
+        the same flag if they agree on its kind and default; a different meaning disables it
+        (and ``warcore check`` says so). You cannot redefine a core flag.
+
+        Example plugin (``my_offload.py``, with
+        ``[project.entry-points.warcore] my_offload = "my_offload"`` in its
+        ``pyproject.toml``)::
+
+            import warcore
+            from warcore import FlagSpec, ForwardMode
+
+            MY_OFFLOAD = FlagSpec("my_offload", bool, False, "my KV offloader copies prefill KV")
+
+
+            @warcore.hookimpl
+            def warcore_engine_flags():
+                return [MY_OFFLOAD]
+
+
+            @warcore.hookimpl
+            def warcore_fast_path_veto(forward_mode, context):
+                # Read where it is declared: --flag my_offload (or my_offload=off).
+                if forward_mode is ForwardMode.EXTEND and context.flag(
+                    MY_OFFLOAD.name, MY_OFFLOAD.default
+                ):
+                    return "my_offload copies prefill KV behind the schedule stream"
+                return None
         """

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata as md
 import inspect
 import logging
 import os
 import re
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,9 +27,11 @@ __all__ = [
     "ENV_PREFILL_FAST_PATH",
     "ENV_STRICT_PLUGINS",
     "BUILTIN_PLUGIN_NAME",
+    "SLOW_PLUGIN_SECONDS",
     "LoaderConfig",
     "PluginInfo",
     "PluginLoadError",
+    "PluginReentryError",
     "PluginValidationError",
     "WarcorePluginManager",
     "get_plugin_manager",
@@ -42,12 +47,20 @@ ENV_STRICT_PLUGINS = "WARCORE_STRICT_PLUGINS"
 ENV_FORCE_COARSE = "WARCORE_FORCE_COARSE"
 ENV_PREFILL_FAST_PATH = "WARCORE_PREFILL_FAST_PATH"
 BUILTIN_PLUGIN_NAME = "warcore"
+SLOW_PLUGIN_SECONDS = 1.0
+"""A plugin whose loading (import, registration, validation) takes longer than this is warned
+about, naming it: every warcore process waits for it. ``warcore plugins`` shows each load time."""
 
 PluginStatus = Literal["active", "disabled", "failed"]
 
+REGISTERED_BY_ENTRY_POINT = "entry point"
+REGISTERED_BY_CORE = "core"
+REGISTERED_BY_RUNTIME = "runtime"
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
-_PLUGIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+_PLUGIN_NAME = re.compile(rf"^{_NAME}(:{_NAME})?$")
 
 
 class PluginLoadError(RuntimeError):
@@ -56,6 +69,11 @@ class PluginLoadError(RuntimeError):
 
 class PluginValidationError(ValueError):
     """A plugin implements something warcore does not know (a misspelled hook, say)."""
+
+
+class PluginReentryError(RuntimeError):
+    """A plugin used the process-wide manager (``warcore.get_plugin_manager()`` or
+    ``reset_plugin_manager()``) while that manager was importing it."""
 
 
 def _canonical(name: str) -> str:
@@ -78,12 +96,17 @@ def _env_bool(environ: Mapping[str, str], var: str, default: bool = False) -> bo
 def _env_names(environ: Mapping[str, str], var: str) -> frozenset[str] | None:
     if var not in environ:
         return None
-    names = [n.strip() for n in environ[var].split(",")]
+    raw = environ[var]
+    names = [n.strip() for n in raw.split(",")]
     names = [n for n in names if n]
+    if not names and raw.strip():
+        empty = "load no plugin" if var == ENV_PLUGINS else "block no plugin"
+        raise ValueError(f"{var}={raw!r} names no plugin; to {empty}, set it empty ({var}=)")
     for name in names:
         if not _PLUGIN_NAME.match(name):
             raise ValueError(
-                f"{var}={environ[var]!r}: {name!r} is not a plugin or distribution name"
+                f"{var}={raw!r}: {name!r} is not a plugin or distribution name "
+                "(NAME or DISTRIBUTION:ENTRY_POINT)"
             )
     return frozenset(names)
 
@@ -92,9 +115,11 @@ def _env_names(environ: Mapping[str, str], var: str) -> frozenset[str] | None:
 class LoaderConfig:
     """The environment controls, read once when a manager is built.
 
-    ``allowlist``: ``None`` loads every plugin, an empty set loads none. ``force_coarse`` and
-    ``prefill_fast_path`` are run-time switches too: change them with
-    :meth:`WarcorePluginManager.set_force_coarse` / :meth:`~WarcorePluginManager.set_prefill_fast_path`.
+    ``allowlist``: ``None`` loads every plugin, an empty set loads none; see
+    :meth:`WarcorePluginManager.load_entry_points` for how an entry (of it or of ``blocked``)
+    matches a plugin. ``force_coarse`` and ``prefill_fast_path`` are run-time switches too:
+    change them with :meth:`WarcorePluginManager.set_force_coarse` /
+    :meth:`~WarcorePluginManager.set_prefill_fast_path`.
     """
 
     allowlist: frozenset[str] | None = None
@@ -129,6 +154,12 @@ class PluginInfo:
     error: str | None = None
     path: str | None = None
     value: str | None = None
+    registered_by: str = REGISTERED_BY_ENTRY_POINT
+    """``entry point``, ``core`` (the built-ins), ``plugin:<name>`` (registered at run time by
+    that plugin's code) or ``runtime`` (registered at run time by anything else)."""
+    load_ms: float | None = None
+    """Import, registration and validation, in ms (``None``: not loaded from an entry point)."""
+    warnings: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -140,6 +171,9 @@ class PluginInfo:
             "error": self.error,
             "path": self.path,
             "entry_point": self.value,
+            "registered_by": self.registered_by,
+            "load_ms": None if self.load_ms is None else round(self.load_ms, 3),
+            "warnings": list(self.warnings),
         }
 
 
@@ -162,41 +196,105 @@ class WarcorePluginManager(pluggy.PluginManager):
         self.config = config if config is not None else LoaderConfig()
         self.plugin_infos: list[PluginInfo] = []
         self.unknown_allowlist_names: tuple[str, ...] = ()
+        self.allowlist_problems: tuple[str, ...] = ()
+        """An allowlist entry that names more than one distribution's plugin: none loaded."""
         self.generation = 0
         self.cached_registry: object = None
         self.cached_decisions: object = None
         self._listeners: list[Callable[[], None]] = []
+        self._registering = False  # True while the loader registers (it records the info)
+        self._plugin_modules: dict[str, str] = {}  # plugin name -> its module, for registered_by
+        self._importing: str | None = None  # the entry point being imported, for re-entry
+        self._reentry: PluginReentryError | None = None
         if builtins:
+            start = time.perf_counter()
             from . import _builtins
 
-            self.register(_builtins, name=BUILTIN_PLUGIN_NAME)
+            self._register_loaded(_builtins, BUILTIN_PLUGIN_NAME)
             info = self._info_for(BUILTIN_PLUGIN_NAME, _builtins, "warcore", _own_version())
-            self.plugin_infos.append(info)
+            self.plugin_infos.append(
+                _replace(
+                    info,
+                    registered_by=REGISTERED_BY_CORE,
+                    load_ms=(time.perf_counter() - start) * 1e3,
+                )
+            )
+            self._plugin_modules[BUILTIN_PLUGIN_NAME] = _builtins.__name__
 
     # -- change notification -------------------------------------------------------------
     def register(self, plugin: object, name: str | None = None) -> str | None:
         result = super().register(plugin, name)
+        if result is not None and not self._registering:
+            self._record_runtime(result, plugin)
         self._changed()
         return result
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        if name is None and plugin is not None:
+            name = self.get_name(plugin)
         result = super().unregister(plugin, name)
+        if name is not None and not self._registering:
+            self._record_unregistered(name)
         self._changed()
         return result
+
+    def _register_loaded(self, plugin: object, name: str) -> None:
+        """Register a plugin the loader records itself (no runtime info)."""
+        self._registering = True
+        try:
+            self.register(plugin, name=name)
+        finally:
+            self._registering = False
+
+    def _unregister_loaded(self, name: str) -> None:
+        self._registering = True
+        try:
+            self.unregister(name=name)
+        finally:
+            self._registering = False
+
+    def _record_runtime(self, name: str, plugin: object) -> None:
+        """A plugin registered at run time (by a hook, a test, an engine): list it too."""
+        self.plugin_infos = [
+            i
+            for i in self.plugin_infos
+            if not (i.name == name and i.status == "disabled" and i.value is None)
+        ]
+        info = self._info_for(name, plugin, None)
+        self.plugin_infos.append(_replace(info, registered_by=self._registering_caller()))
+
+    def _record_unregistered(self, name: str) -> None:
+        for k, info in enumerate(self.plugin_infos):
+            if info.name == name and info.status == "active":
+                self.plugin_infos[k] = _replace(
+                    info, status="disabled", error="unregistered at run time"
+                )
+
+    def _registering_caller(self) -> str:
+        """``plugin:<name>`` when a loaded plugin's code is on the stack (innermost first),
+        ``core`` for the built-ins, else ``runtime``."""
+        modules = dict(self._plugin_modules)
+        frame = sys._getframe(3)  # _registering_caller <- _record_runtime <- register <- caller
+        while frame is not None:
+            where = frame.f_globals.get("__name__", "")
+            for name, module in modules.items():
+                if where == module or where.startswith(module + "."):
+                    if name == BUILTIN_PLUGIN_NAME:
+                        return REGISTERED_BY_CORE
+                    return f"plugin:{name}"
+            frame = frame.f_back  # type: ignore[assignment]
+        return REGISTERED_BY_RUNTIME
 
     def set_force_coarse(self, on: bool) -> None:
         """Turn force-coarse on or off while the process runs: every cached decision follows on
         its runner's next replay, and every barrier reads the switch."""
-        self._switch(force_coarse=bool(on))
+        self._switch(_replace_config(self.config, force_coarse=bool(on)))
 
     def set_prefill_fast_path(self, on: bool) -> None:
         """Allow (or veto) prefill publishing before its replay, while the process runs."""
-        self._switch(prefill_fast_path=bool(on))
+        self._switch(_replace_config(self.config, prefill_fast_path=bool(on)))
 
-    def _switch(self, **changes: bool) -> None:
-        from dataclasses import replace
-
-        new = replace(self.config, **changes)
+    def _switch(self, new: LoaderConfig) -> None:
         if new != self.config:
             self.config = new
             self._changed()
@@ -226,6 +324,9 @@ class WarcorePluginManager(pluggy.PluginManager):
             self._check_plugin(name, plugin)
 
     def _check_plugin(self, name: str, plugin: object) -> None:
+        unmarked = self._unmarked_hooks(name, plugin)
+        if unmarked:
+            raise PluginValidationError("; ".join(unmarked))
         for hookcaller in self.get_hookcallers(plugin) or ():
             if hookcaller.spec is None:
                 raise PluginValidationError(
@@ -238,6 +339,33 @@ class WarcorePluginManager(pluggy.PluginManager):
                         f"plugin {name!r}: hook {hookcaller.name!r} is a wrapper; warcore asks "
                         "each plugin on its own, so implement it as a plain hookimpl"
                     )
+
+    def _unmarked_hooks(self, name: str, plugin: object) -> list[str]:
+        """``warcore_*`` functions of ``plugin`` that pluggy would silently ignore: not marked
+        ``@warcore.hookimpl`` (whether or not the name is a hook)."""
+        problems = []
+        for attr in sorted(dir(plugin)):
+            if not attr.startswith("warcore_"):
+                continue
+            try:
+                value = getattr(plugin, attr)
+            except Exception:  # a property that raises: not a function anyway
+                continue
+            if not inspect.isroutine(value) or self.parse_hookimpl_opts(plugin, attr) is not None:
+                continue
+            if attr in _KNOWN_HOOKS:
+                problems.append(
+                    f"plugin {name!r}: function {attr!r} is not marked @warcore.hookimpl, so "
+                    "warcore would never call it"
+                )
+            else:
+                close = difflib.get_close_matches(attr, sorted(_KNOWN_HOOKS), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(
+                    f"plugin {name!r}: function {attr!r} is not a warcore hook{hint} and is not "
+                    f"marked @warcore.hookimpl; known hooks: {', '.join(sorted(_KNOWN_HOOKS))}"
+                )
+        return problems
 
     def _info_for(
         self, name: str, plugin: object, distribution: str | None, version: str | None = None
@@ -254,11 +382,23 @@ class WarcorePluginManager(pluggy.PluginManager):
 
     # -- loading -------------------------------------------------------------------------
     def load_entry_points(self, entry_points: Iterable[md.EntryPoint] | None = None) -> None:
-        """Load the ``warcore`` entry points one at a time, in sorted order, each isolated."""
+        """Load the ``warcore`` entry points one at a time, in sorted order, each isolated.
+
+        Which ones: an entry of ``WARCORE_PLUGINS`` (the allowlist) or ``WARCORE_DISABLE_PLUGINS``
+        (the block list) is ``DIST:EP`` (exactly that distribution's entry point) or a bare
+        ``NAME``, which stands for every entry point whose distribution is ``NAME`` or whose
+        entry-point name is ``NAME``, provided those all belong to one distribution. A bare name
+        that two distributions answer to is ambiguous: it admits none of them (reported in
+        :attr:`allowlist_problems`) and blocks all of them. Names compare after PEP 503
+        normalisation (case, and ``-``, ``_``, ``.`` alike). The lists are applied first; then
+        an entry-point name that more than one admitted distribution offers loads from none
+        of them (each is failed, naming the others); so a distribution that is not admitted
+        never takes an admitted one's place.
+        """
         if entry_points is None:
             entry_points = md.entry_points(group=ENTRY_POINT_GROUP)
         # Reading a distribution's metadata parses a file: once per entry point.
-        named = sorted(
+        found = sorted(
             (
                 ((ep.name, dist or ""), version, ep)
                 for ep in entry_points
@@ -266,43 +406,32 @@ class WarcorePluginManager(pluggy.PluginManager):
             ),
             key=lambda p: p[0],
         )
+        candidates = [(ep, dist or None, version) for (_, dist), version, ep in found]
+        ids = [(_canonical(dist or ""), _canonical(ep.name)) for ep, dist, _ in candidates]
+
         allow = self.config.allowlist
-        allow_canon = None if allow is None else {_canonical(n) for n in allow}
-        blocked_canon = {_canonical(n) for n in self.config.blocked}
-        matched: set[str] = set()
-        owners: dict[str, str | None] = {}
-        for (_, dist_or_empty), version, ep in named:
-            dist = dist_or_empty or None
-            keys = {_canonical(ep.name)} | ({_canonical(dist)} if dist else set())
-            base = PluginInfo(
-                name=ep.name,
-                distribution=dist,
-                version=version,
-                status="disabled",
-                value=ep.value,
-            )
-            if ep.name in owners:
-                error = (
-                    f"duplicate entry point name {ep.name!r}: distributions "
-                    f"{owners[ep.name]!r} and {dist!r}; only the first is loaded"
-                )
-                self._record_failure(base, error, None)
-                continue
-            owners[ep.name] = dist
-            if allow_canon is not None:
-                matched |= keys & allow_canon
-                if not keys & allow_canon:
-                    self.plugin_infos.append(_replace(base, error=f"not listed in {ENV_PLUGINS}"))
-                    self.set_blocked(ep.name)
-                    continue
-            if keys & blocked_canon:
-                self.plugin_infos.append(_replace(base, error=f"blocked by {ENV_DISABLE_PLUGINS}"))
-                self.set_blocked(ep.name)
-                continue
-            self._load_one(ep, base)
+        admitted: set[int] | None = None
+        ambiguous_allow: dict[int, str] = {}
         if allow is not None:
-            unknown = sorted(n for n in allow if _canonical(n) not in matched)
+            admitted = set()
+            unknown, problems = [], []
+            for entry in sorted(allow):
+                matches, dists = _matches(entry, ids)
+                if not matches:
+                    unknown.append(entry)
+                elif len(dists) > 1:
+                    owners = ", ".join(sorted(repr(d or "?") for d in dists))
+                    problems.append(
+                        f"{ENV_PLUGINS} names {entry!r}, which plugins of several distributions "
+                        f"answer to ({owners}): none of them is loaded; name one as "
+                        "DISTRIBUTION:ENTRY_POINT or by its distribution name"
+                    )
+                    for k in matches:
+                        ambiguous_allow.setdefault(k, entry)
+                else:
+                    admitted |= matches
             self.unknown_allowlist_names = tuple(unknown)
+            self.allowlist_problems = tuple(problems)
             for name in unknown:
                 logger.warning(
                     "%s names %r, but no installed warcore plugin has that entry-point or "
@@ -310,21 +439,102 @@ class WarcorePluginManager(pluggy.PluginManager):
                     ENV_PLUGINS,
                     name,
                 )
+            for problem in problems:
+                logger.warning("%s", problem)
+        blocked: set[int] = set()
+        for entry in self.config.blocked:
+            blocked |= _matches(entry, ids)[0]  # ambiguous or not: block every match
+
+        usable: list[tuple[int, PluginInfo]] = []
+        for k, (ep, dist, version) in enumerate(candidates):
+            base = PluginInfo(
+                name=ep.name, distribution=dist, version=version, status="disabled", value=ep.value
+            )
+            if admitted is not None and k not in admitted:
+                why = (
+                    f"{ENV_PLUGINS} entry {ambiguous_allow[k]!r} is ambiguous"
+                    if k in ambiguous_allow
+                    else f"not listed in {ENV_PLUGINS}"
+                )
+                self.plugin_infos.append(_replace(base, error=why))
+                continue
+            if k in blocked:
+                self.plugin_infos.append(_replace(base, error=f"blocked by {ENV_DISABLE_PLUGINS}"))
+                continue
+            if ep.name == BUILTIN_PLUGIN_NAME:
+                self._record_failure(
+                    base,
+                    f"entry-point name {ep.name!r} is the core's own plugin name; not loaded",
+                    None,
+                )
+                continue
+            usable.append((k, base))
+        by_name: dict[str, list[PluginInfo]] = {}
+        for _, base in usable:
+            by_name.setdefault(base.name, []).append(base)
+        for k, base in usable:
+            twins = by_name[base.name]
+            if len(twins) > 1:
+                who = " and ".join(repr(t.distribution) for t in twins)
+                self._record_failure(
+                    base,
+                    f"duplicate entry point name {base.name!r}: distributions {who}; none of "
+                    f"them is loaded (choose one with {ENV_PLUGINS}=DISTRIBUTION:ENTRY_POINT, or "
+                    f"block the others with {ENV_DISABLE_PLUGINS})",
+                    None,
+                )
+                continue
+            self._load_one(candidates[k][0], base)
 
     def _load_one(self, ep: md.EntryPoint, base: PluginInfo) -> None:
         registered = False
+        start = time.perf_counter()
+        self._importing, self._reentry = ep.name, None
         try:
             plugin = ep.load()
-            self.register(plugin, name=ep.name)
+            if self._reentry is not None:  # raised inside the import, even if swallowed there
+                raise self._reentry
+            self._register_loaded(plugin, ep.name)
             registered = True
             self._check_plugin(ep.name, plugin)
         except Exception as exc:
             if registered:
-                self.unregister(name=ep.name)
+                self._unregister_loaded(ep.name)
+            load_ms = (time.perf_counter() - start) * 1e3
+            base = _replace(base, load_ms=load_ms, warnings=self._slow(base, load_ms))
             self._record_failure(base, f"{type(exc).__name__}: {exc}", exc)
             return
+        finally:
+            self._importing, self._reentry = None, None
+        self._plugin_modules[ep.name] = ep.module
+        load_ms = (time.perf_counter() - start) * 1e3
         info = self._info_for(ep.name, plugin, base.distribution, base.version)
-        self.plugin_infos.append(_replace(info, value=base.value))
+        warnings = self._slow(base, load_ms)
+        if not info.hooks:
+            warning = (
+                "registers no hook, so it does nothing (are its functions marked "
+                "@warcore.hookimpl?)"
+            )
+            logger.warning(
+                "warcore plugin %r (distribution %r) %s", ep.name, base.distribution, warning
+            )
+            warnings += (warning,)
+        self.plugin_infos.append(
+            _replace(info, value=base.value, load_ms=load_ms, warnings=warnings)
+        )
+
+    def _slow(self, base: PluginInfo, load_ms: float) -> tuple[str, ...]:
+        """The slow-load warning (logged, and returned for the plugin's info), if any."""
+        if load_ms <= SLOW_PLUGIN_SECONDS * 1e3:
+            return ()
+        warning = (
+            f"slow to load: {load_ms / 1e3:.2f} s (more than {SLOW_PLUGIN_SECONDS:g} s); "
+            "every warcore process waits for it"
+        )
+        logger.warning(
+            "warcore plugin %r (distribution %r) is %s", base.name, base.distribution, warning
+        )
+        return (warning,)
 
     def _record_failure(self, base: PluginInfo, error: str, exc: BaseException | None) -> None:
         self.plugin_infos.append(_replace(base, status="failed", error=error))
@@ -353,11 +563,30 @@ def _replace(info: PluginInfo, **changes: Any) -> PluginInfo:
     return replace(info, **changes)
 
 
+def _replace_config(config: LoaderConfig, **changes: bool) -> LoaderConfig:
+    from dataclasses import replace
+
+    return replace(config, **changes)  # type: ignore[arg-type]
+
+
 def _own_version() -> str | None:
     try:
         return md.version("warcore")
     except md.PackageNotFoundError:  # running from a source tree that is not installed
         return None
+
+
+def _matches(entry: str, ids: list[tuple[str, str]]) -> tuple[set[int], set[str]]:
+    """The candidates (indices into ``ids``, canonical (distribution, entry point) pairs) an
+    allowlist or block-list entry names, and their distributions."""
+    if ":" in entry:
+        dist, _, name = entry.partition(":")
+        want = (_canonical(dist), _canonical(name))
+        found = {k for k, pair in enumerate(ids) if pair == want}
+    else:
+        key = _canonical(entry)
+        found = {k for k, (dist, name) in enumerate(ids) if key in (dist, name)}
+    return found, {ids[k][0] for k in found}
 
 
 def _dist_info(ep: md.EntryPoint) -> tuple[str | None, str | None]:
@@ -370,16 +599,42 @@ def _dist_info(ep: md.EntryPoint) -> tuple[str | None, str | None]:
 
 
 _manager: WarcorePluginManager | None = None
-_manager_lock = threading.Lock()
+_building: WarcorePluginManager | None = None
+"""The process-wide manager while its entry points load (only the loading thread, which holds
+the lock, can see it set)."""
+_manager_lock = threading.RLock()
+
+
+def _refuse_reentry(call: str) -> None:
+    pm = _building
+    assert pm is not None
+    who = f"warcore plugin {pm._importing!r}" if pm._importing else "a warcore plugin"
+    error = PluginReentryError(
+        f"{who} called warcore.{call}() while it was being imported: the process-wide plugin "
+        f"manager is being built then (by loading that plugin). Call {call}() from inside a "
+        "hook instead; the plugin is not loaded"
+    )
+    pm._reentry = error
+    raise error
 
 
 def get_plugin_manager() -> WarcorePluginManager:
-    """The process-wide manager, built on first use from the environment and entry points."""
-    global _manager
+    """The process-wide manager, built on first use from the environment and entry points.
+
+    Another thread waits while it is built; a plugin that calls this while it is being
+    imported (by that build) gets :class:`PluginReentryError`, and fails to load.
+    """
+    global _manager, _building
     with _manager_lock:
+        if _building is not None:
+            _refuse_reentry("get_plugin_manager")
         if _manager is None:
             pm = WarcorePluginManager(LoaderConfig.from_env())
-            pm.load_entry_points()
+            _building = pm
+            try:
+                pm.load_entry_points()
+            finally:
+                _building = None
             _manager = pm
         return _manager
 
@@ -388,4 +643,6 @@ def reset_plugin_manager() -> None:
     """Forget the process-wide manager (and its caches); the next call rereads everything."""
     global _manager
     with _manager_lock:
+        if _building is not None:
+            _refuse_reentry("reset_plugin_manager")
         _manager = None

@@ -26,6 +26,7 @@ from ._modes import CAPTURED_MODES, ForwardMode
 from ._registry import get_registry
 from ._scope import stale_reason
 from ._specs import EVENT_OWNERS, BoundaryContext, StepFacts
+from ._steps import StepSpec
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
@@ -74,7 +75,13 @@ class BoundaryResolution:
 
     @property
     def conflict(self) -> bool:
-        return self.source == "default:conflict" or any(c.conflict for c in self.children)
+        """Plugins disagree here or in a child."""
+        return self.own_conflict or any(c.conflict for c in self.children)
+
+    @property
+    def own_conflict(self) -> bool:
+        """Plugins disagree on this backend's own declaration (not a child's)."""
+        return len({b for _, b in self.answers}) > 1
 
 
 @dataclass(frozen=True)
@@ -99,12 +106,14 @@ def _ask(
     kwargs: dict[str, Any],
     accept: Callable[[object], bool],
     expected: str,
-    only_taking: str | None = None,
+    taking_eager: bool | None = None,
 ) -> tuple[list[tuple[str, Any]], list[PluginFailure]]:
+    """Ask each hookimpl on its own; ``taking_eager`` narrows to those whose signature takes
+    (True) or lacks (False) the ``eager`` argument."""
     answers: list[tuple[str, Any]] = []
     failures: list[PluginFailure] = []
     for impl in getattr(pm.hook, hook).get_hookimpls():
-        if only_taking is not None and only_taking not in impl.argnames:
+        if taking_eager is not None and ("eager" in impl.argnames) is not taking_eager:
             continue
         try:
             value = impl.function(**{name: kwargs[name] for name in impl.argnames})
@@ -195,14 +204,19 @@ def _declared(
 ) -> BoundaryResolution:
     """One backend's own declaration (a wrapper's own, without its children)."""
     eager_only = eager and mode in CAPTURED_MODES
-    answers, failures = _ask(
-        pm,
-        "warcore_shared_read_boundary",
-        {"backend": name, "forward_mode": mode, "context": ctx, "eager": eager},
-        lambda v: isinstance(v, SharedReadBoundary | Declared),
-        "SharedReadBoundary or Declared",
-        only_taking="eager" if eager_only else None,
-    )
+    kwargs = {"backend": name, "forward_mode": mode, "context": ctx, "eager": eager}
+    accept = lambda v: isinstance(v, SharedReadBoundary | Declared)  # noqa: E731
+    expected = "SharedReadBoundary or Declared"
+    hook = "warcore_shared_read_boundary"
+    if not eager_only:
+        answers, failures = _ask(pm, hook, kwargs, accept, expected)
+    else:
+        answers, failures = _ask(pm, hook, kwargs, accept, expected, taking_eager=True)
+        # A graph-only declaration says nothing about the eager body, except that an UNKNOWN
+        # (not audited) or a failure is never overruled by someone else's eager claim.
+        graph_answers, graph_failures = _ask(pm, hook, kwargs, accept, expected, taking_eager=False)
+        answers += [(p, v) for p, v in graph_answers if _boundary_of(v) is UNKNOWN]
+        failures += graph_failures
     where = f"backend {name!r}, mode {mode.name}, algorithm {ctx.algorithm!r}" + (
         " (eager)" if eager_only else ""
     )
@@ -248,6 +262,13 @@ def _declared(
     return BoundaryResolution(name, mode, ctx, boundary, source, tuple(answers), tuple(failures))
 
 
+UNKNOWN = SharedReadBoundary.UNKNOWN
+
+
+def _boundary_of(value: SharedReadBoundary | Declared) -> SharedReadBoundary:
+    return value.boundary if isinstance(value, Declared) else value
+
+
 def _drop_stale(
     pm: WarcorePluginManager, answers: list[tuple[str, Any]], where: str
 ) -> tuple[list[tuple[str, SharedReadBoundary]], list[str]]:
@@ -279,8 +300,9 @@ def resolve_war_publish_phase(
 ) -> PublishResolution:
     """Resolve whether ``forward_mode`` is the step's last shared reader for ``algorithm``.
 
-    Anything doubtful (failures, disagreement, no answer) resolves to ``False``: not
-    publishing keeps the coarse fence, which is always safe.
+    Anything doubtful (failures, disagreement) resolves to ``False``: not publishing keeps the
+    coarse fence, which is always safe. With no answer at all, an algorithm that declares a
+    :class:`~warcore.StepSpec` answers from it (``step:<plugin>``); others resolve to ``False``.
     """
     pm = pm if pm is not None else get_plugin_manager()
     mode = ForwardMode.parse(forward_mode)
@@ -315,8 +337,21 @@ def resolve_war_publish_phase(
     elif values:
         publishes, source = values.pop(), _source_of_answers([p for p, _ in answers])
     else:
-        publishes, source = False, "default:no-answer"
+        # Nobody answers: an algorithm that declares its step answers from it (issue 14).
+        stepped = _declared_step(pm, algorithm)
+        if stepped is None:
+            publishes, source = False, "default:no-answer"
+        else:
+            publishes, source = mode in stepped[0].publish_modes, f"step:{stepped[1]}"
     return PublishResolution(algorithm, mode, publishes, source, tuple(answers), tuple(failures))
+
+
+def _declared_step(pm: WarcorePluginManager, algorithm: str) -> tuple[StepSpec, str] | None:
+    """The step ``algorithm``'s :class:`AlgorithmSpec` declares, and the plugin offering it."""
+    offer = get_registry(pm).algorithms.get(algorithm)
+    if offer is None or offer.spec.step is None:
+        return None
+    return offer.spec.step, offer.plugin
 
 
 @dataclass(frozen=True)
@@ -396,7 +431,9 @@ def resolve_step_event_owner(
     *,
     pm: WarcorePluginManager | None = None,
 ) -> OwnerResolution:
-    """Resolve the step's event owner; nobody answering → ``"target"`` (sglang's default)."""
+    """Resolve the step's event owner; nobody answering → the owner the algorithm's
+    :class:`~warcore.StepSpec` declares (``step:<plugin>``), else ``"target"`` (sglang's
+    default)."""
     pm = pm if pm is not None else get_plugin_manager()
     facts = facts if facts is not None else StepFacts()
     if not isinstance(facts, StepFacts):
@@ -430,12 +467,19 @@ def resolve_step_event_owner(
     elif values:
         owner, source = values.pop(), _source_of_answers([p for p, _ in answers])
     else:
-        owner, source = "target", "default:target"
+        stepped = _declared_step(pm, algorithm)  # the step's last reader's runner (issue 14)
+        if stepped is None:
+            owner, source = "target", "default:target"
+        else:
+            owner, source = stepped[0].owner, f"step:{stepped[1]}"
     return OwnerResolution(algorithm, facts, owner, source, tuple(answers), tuple(failures))
 
 
 def _backend_identity(
-    pm: WarcorePluginManager, backend: str | AttentionBackend, mode: ForwardMode, ctx: BoundaryContext
+    pm: WarcorePluginManager,
+    backend: str | AttentionBackend,
+    mode: ForwardMode,
+    ctx: BoundaryContext,
 ) -> tuple[str, tuple[Any, ...]]:
     """The backend's name and the children whose shared reads run in ``mode``."""
     if isinstance(backend, str):

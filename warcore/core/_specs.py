@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ._steps import StepSpec
+
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
 
@@ -37,6 +39,7 @@ NCCL_ALLGATHER_IN_OVERLAP = "nccl_allgather_in_overlap"
 OFFLOAD_FLAGS = ("hicache", "hicache_storage", "lmcache")
 """Context flags for host/storage KV offload (sglang's hierarchical cache, its storage backend,
 LMCache): each one vetoes the prefill fast path (a built-in veto)."""
+
 
 @dataclass(frozen=True)
 class FlagSpec:
@@ -86,7 +89,22 @@ class BackendSpec:
     """An attention backend offered by a plugin.
 
     ``factory(**kwargs)`` builds the backend; it is only called when an engine uses the backend,
-    so a plugin's entry-point module can stay light and import the backend class lazily.
+    so a plugin's entry-point module can stay light and import the backend class lazily. The
+    reference engine calls it with four keyword arguments, once per model runner (the target's,
+    and the draft model's when the algorithm has one):
+
+    * ``pool``: the runner's :class:`~warcore.engine.kv_pool.KVPool`: the scheduler-shared
+      tables (``req_to_token``, ``full_to_swa_index_mapping``) and this model's K/V;
+    * ``max_bs``: the most requests one forward holds (size per-request static buffers by it);
+    * ``capacity``: the most query tokens one forward holds (size per-token buffers by it);
+    * ``context``: the :class:`BoundaryContext` (algorithm name and engine flags).
+
+    It must return an :class:`~warcore.attention.AttentionBackend` whose ``name`` is this
+    spec's ``name``. A subclass of ``TorchNativeBackend`` inherits a constructor taking all four;
+    a direct ``AttentionBackend`` subclass defines its own (``examples/acme_backend``)::
+
+        def __init__(self, pool, max_bs, capacity, context=None):
+            super().__init__(pool)
     """
 
     name: str
@@ -97,9 +115,22 @@ class BackendSpec:
     shared reads run in that mode (all children for a latest-of wrapper, the one it selects for
     a selecting wrapper). Resolution by name takes the latest of theirs and the wrapper's own
     declaration; a built instance answers through its ``children_for`` method instead."""
+    engine: str = "warcore"
+    """The engine the backend runs in: ``"warcore"`` (the reference engine builds it with
+    ``factory``) or another engine's name (``"sglang"``: declarations only; ``run`` refuses it,
+    ``sanitize`` skips it saying so, the matrix shows it)."""
+    models: str | None = None
+    """The name of the backend (usually another engine's, e.g. ``"sglang_trtllm_mha"``) whose
+    code this one models. Where both are registered, ``warcore check`` prints a note for each
+    mode whose declarations differ (both answers and who gave them); a note never fails
+    ``check``: two implementations may differ on purpose, and the modelling plugin documents
+    why (its own audit)."""
 
     def __post_init__(self) -> None:
         validate_name("backend", self.name)
+        validate_name("engine", self.engine)
+        if self.models is not None:
+            validate_name("modelled backend", self.models)
         if not callable(self.factory):
             raise TypeError(f"BackendSpec {self.name!r}: factory must be callable")
         if self.children_for is not None and not callable(self.children_for):
@@ -108,23 +139,56 @@ class BackendSpec:
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """A speculative-decoding algorithm offered by a plugin; ``family`` says how it runs.
+    """A speculative-decoding algorithm offered by a plugin.
 
-    ``drafter(target_model, num_draft, device)`` builds the algorithm's drafter for the
-    reference engine (lazily, like a backend factory): for the ``dflash`` family an object with
-    ``propose(rows, row_state)``, for ``eagle`` a draft model. ``None`` for ``none``.
+    ``step`` (a :class:`~warcore.StepSpec`) describes one step of it: which forwards run, in
+    what order, on which runner, which one is the step's last reader of the shared buffers
+    (its read-done event's owner), whether a drafter proposes after the commit, and how drafts
+    are accepted. When no plugin answers ``warcore_is_war_publish_phase`` or
+    ``warcore_step_event_owner`` for the algorithm, the core answers from its step.
+
+    ``family`` names the shape for people (and for algorithms without a ``step``: ``none``,
+    ``eagle`` and ``dflash`` stand for the built-in steps; any other family without a step is
+    not runnable by the reference engine, which ``warcore check`` reports).
+
+    ``drafter(target_model, num_draft, device)`` builds what the reference engine needs
+    besides the target (lazily, like a backend factory; ``target_model`` is the engine's
+    :class:`~warcore.engine.model.TinyLlama`): for a step with draft-model phases, the draft
+    model (a ``TinyLlama``; the target itself is allowed); for a step with ``propose=True``, a
+    :class:`warcore.engine.drafter.Drafter` (the drafter contract: what it is given, what it
+    writes and when, device or host). ``None`` when the step needs neither.
     """
 
     name: str
     family: str
     description: str = ""
     drafter: Callable[..., Any] | None = None
+    step: StepSpec | None = None
+    engine: str = "warcore"
+    """The engine the algorithm runs in: ``"warcore"`` (the reference engine runs its step) or
+    another engine's name (``"sglang"``: declarations only; not run or sanitized here)."""
+    models: str | None = None
+    """The algorithm (usually another engine's, e.g. ``"sglang_eagle"``) this one models: a
+    backend that ``models`` another is compared with it under this pair of algorithms too (see
+    :attr:`BackendSpec.models`)."""
 
     def __post_init__(self) -> None:
         validate_name("algorithm", self.name)
         validate_name("algorithm family", self.family)
+        validate_name("engine", self.engine)
+        if self.models is not None:
+            validate_name("modelled algorithm", self.models)
         if self.drafter is not None and not callable(self.drafter):
             raise TypeError(f"AlgorithmSpec {self.name!r}: drafter must be callable")
+        if self.step is not None:
+            if not isinstance(self.step, StepSpec):
+                raise TypeError(
+                    f"AlgorithmSpec {self.name!r}: step must be a warcore.StepSpec, got "
+                    f"{type(self.step).__name__} {self.step!r}"
+                )
+            problem = self.step.problem()
+            if problem is not None:
+                raise ValueError(f"AlgorithmSpec {self.name!r}: step {problem}")
 
 
 class BoundaryContext:

@@ -47,7 +47,9 @@ class RunnerKind(enum.Enum):
     PREFILL = "prefill"
     """Prefill runner: ``EXTEND``."""
     DRAFT_DECODE = "draft_decode"
-    """EAGLE draft-step runner: never publishes; the draft-extend after verify reads later."""
+    """A draft model's decode steps: publish only when the algorithm's publish phase is
+    ``DECODE`` (a step whose draft decodes are its last reader); EAGLE's never do, its
+    draft-extend after verify reads later."""
 
     # Identity hash (members are singletons): Enum's own __hash__ is a Python-level call, and
     # members key the per-replay decision lookup, where it cost ~0.1 µs per member.
@@ -96,7 +98,7 @@ class Decision:
             return self.veto.source
         if self.withdrawn:
             return f"per-batch:{self.declared.backend}"
-        if self.kind is RunnerKind.DRAFT_DECODE:
+        if self.kind is RunnerKind.DRAFT_DECODE and not self.publish.publishes:
             return "runner:draft-decode"
         if not self.publish.publishes and self.record_point is RecordPoint.NONE:
             return f"phase:{self.publish.source}"
@@ -117,7 +119,9 @@ def decide(
     veto = resolve_fast_path_veto(forward_mode, context, pm=pm)
     if veto.vetoed or pm.config.force_coarse:
         point = RecordPoint.NONE
-    elif kind is RunnerKind.DECODE:
+    elif kind in (RunnerKind.DECODE, RunnerKind.DRAFT_DECODE):
+        # A draft decode publishes only where its algorithm's step says it is the last reader
+        # (issue 14: steps as data); EAGLE's never is, its draft-extend reads later.
         point = decode_record_point(forward_mode, declared.boundary, publish.publishes, execution)
     elif kind is RunnerKind.DRAFT_EXTEND:
         point = draft_extend_record_point(

@@ -6,11 +6,12 @@ from warcore.engine.engine import FENCES, LOOPS, Engine, EngineConfig, EngineFai
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
-from warcore.engine.requests import Request, synthetic_trace
+from warcore.engine.requests import MAX_TRACE_REQUESTS, Request, synthetic_trace
 from warcore.engine.scheduler import Scheduler, SchedulerConfig
 
 __all__ = [
     "FENCES",
+    "MAX_TRACE_REQUESTS",
     "LOOPS",
     "Engine",
     "EngineConfig",

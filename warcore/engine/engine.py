@@ -16,29 +16,36 @@ batches, so its tokens are the oracle for the overlap loop.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from warcore.attention import AttentionBackend
 from warcore.core import (
+    NUM_DRAFT,
+    AlgorithmSpec,
     BoundaryContext,
     ForwardMode,
     RecordPoint,
+    StepSpec,
     WarcorePluginManager,
+    engine_problem,
     get_decision_cache,
     get_plugin_manager,
     get_registry,
+    step_of,
 )
 from warcore.device import Device, DeviceError, get_device
+from warcore.engine.drafter import as_drafter
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
 from warcore.engine.requests import Request
 from warcore.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
-from warcore.engine.spec import DflashWorker, EagleWorker, PlainWorker, Worker, build_drafter
+from warcore.engine.spec import StepWorker, Worker, build_drafter
 from warcore.runners import ModelRunner, RowState, RunnerGroup, StepOutput
 
 __all__ = ["FENCES", "LOOPS", "Engine", "EngineConfig", "EngineFailed", "RunReport"]
@@ -74,14 +81,61 @@ class EngineConfig:
     forward behave like a GPU's, whose kernels do not compete with the host for the CPU and
     the GIL. Benchmarks state the value they use; 0 for tests."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
+    """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
+    what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
+    :class:`Engine` raises :class:`ValueError` naming anything else."""
 
     def __post_init__(self) -> None:
         if self.fence not in FENCES:
             raise ValueError(f"unknown fence {self.fence!r}; valid: {', '.join(FENCES)}")
         if self.loop not in LOOPS:
             raise ValueError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
+        if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
+            raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:
             raise ValueError(f"num_draft must be at least 1, got {self.num_draft}")
+        if self.num_draft > self.max_num_draft:
+            raise ValueError(
+                f"num_draft {self.num_draft} is more than this engine can run: at most "
+                f"{self.max_num_draft} ({self._num_draft_limit()})"
+            )
+        for name in ("schedule_work_s", "modelled_layer_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.flags, tuple):
+            raise ValueError(f"flags must be a tuple of (name, value) pairs, got {self.flags!r}")
+
+    @property
+    def token_capacity(self) -> int:
+        """Tokens one batch may hold: the static buffers every runner (graph or eager) has."""
+        sc = self.scheduler
+        return max(
+            sc.max_prefill_tokens, sc.max_prefill_requests * self.max_prompt, sc.max_running * 8
+        )
+
+    @property
+    def max_num_draft(self) -> int:
+        """The widest speculation this configuration can run (31 by default): a verify batch of
+        ``scheduler.max_running`` requests x ``num_draft + 1`` tokens must fit
+        :attr:`token_capacity`, and a one-token request's KV budget (``1 + 2 * num_draft``
+        positions, see :meth:`Request.kv_budget`) the model's context and the KV pool."""
+        by_batch = self.token_capacity // max(1, self.scheduler.max_running) - 1
+        by_context = (min(self.model.max_context, self.num_slots - 1) - 1) // 2
+        return min(by_batch, by_context)
+
+    def _num_draft_limit(self) -> str:
+        sc = self.scheduler
+        by_batch = self.token_capacity // max(1, sc.max_running) - 1
+        if by_batch <= self.max_num_draft:
+            return (
+                f"a verify batch of {sc.max_running} requests x (num_draft + 1) tokens must fit "
+                f"the engine's {self.token_capacity}-token batch"
+            )
+        return (
+            f"a request reserves 2 x num_draft KV positions beyond its tokens, within a context "
+            f"of {min(self.model.max_context, self.num_slots - 1)}"
+        )
 
 
 @dataclass
@@ -93,6 +147,8 @@ class RunReport:
     elapsed_s: float
     steps: int
     forwards: Counter[ForwardMode]
+    """Launched steps by the step's target forward mode (one per step, however many forwards
+    the algorithm's step runs: EAGLE's draft steps and draft-extend are not counted apart)."""
     published: Counter[tuple[ForwardMode, RecordPoint]]
     """Per (forward mode, record point): forwards of every runner (target and draft)."""
     barriers: Counter[str]
@@ -107,6 +163,13 @@ class RunReport:
     matches_serial: bool | None = None
 
     @property
+    def idle_steps(self) -> int:
+        """Steps that launched nothing: waiting for the next request to arrive, or only
+        collecting the forward still in flight. ``steps`` is the scheduler's step clock (it
+        also times arrivals), so ``idle_steps + sum(forwards.values()) == steps``."""
+        return self.steps - sum(self.forwards.values())
+
+    @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
@@ -117,6 +180,14 @@ class RunReport:
 
 
 class Engine:
+    """The reference overlap engine (see the module docstring).
+
+    Construction builds the model, the pools, the runners and captures their graphs; if any of
+    that fails, what was built is released before the error propagates: the device, when the
+    engine created it (a device passed in stays the caller's to close), and the decision-cache
+    entries of the backends built so far. Nothing of a failed construction stays alive.
+    """
+
     def __init__(
         self,
         config: EngineConfig | None = None,
@@ -124,20 +195,53 @@ class Engine:
         device: Device | str | None = None,
         pm: WarcorePluginManager | None = None,
     ) -> None:
+        self._built_backends: list[object] = []
+        try:
+            self._construct(config, device=device, pm=pm)
+        except BaseException:
+            self._release_partial(owns_device=not isinstance(device, Device))
+            raise
+
+    def _release_partial(self, *, owns_device: bool) -> None:
+        """After a failed construction: forget the cache entries of the backends built and
+        close the device (its stream workers and captured graphs) if this engine made it."""
+        pm = self.__dict__.get("pm")
+        if pm is not None and self._built_backends:
+            get_decision_cache(pm).forget(self._built_backends)  # the runners' cache
+        dev = self.__dict__.get("device")
+        if owns_device and isinstance(dev, Device):
+            dev.close()
+
+    def _construct(
+        self,
+        config: EngineConfig | None,
+        *,
+        device: Device | str | None,
+        pm: WarcorePluginManager | None,
+    ) -> None:
         self.config = cfg = config or EngineConfig()
         self.pm = pm if pm is not None else get_plugin_manager()
         registry = get_registry(self.pm)
         algorithm = registry.algorithm(cfg.algorithm)  # unknown names list the valid ones
         backend_spec = registry.backend(cfg.backend)
+        # Only declared flags, each of its kind: a misspelt flag would read as its default.
+        self.flags = registry.check_flags(cfg.flags)
         self.family = algorithm.family
-        self.num_draft = 0 if self.family == "none" else cfg.num_draft
+        problem = engine_problem(algorithm)
+        if problem is not None:
+            raise ValueError(
+                f"algorithm {cfg.algorithm!r} cannot run on the reference engine: {problem}"
+            )
+        step = step_of(algorithm)
+        assert step is not None  # engine_problem() says why when there is none
+        self.step: StepSpec = step
+        """The algorithm's step, as the worker runs it."""
+        self.num_draft = cfg.num_draft if step.speculative else 0
         self.device = device if isinstance(device, Device) else get_device(device)
         tdev = self.device.torch_device
         sc = cfg.scheduler
-        self.context = BoundaryContext(cfg.algorithm, dict(cfg.flags))
-        self.capacity = max(
-            sc.max_prefill_tokens, sc.max_prefill_requests * cfg.max_prompt, sc.max_running * 8
-        )
+        self.context = BoundaryContext(cfg.algorithm, self.flags)
+        self.capacity = cfg.token_capacity
         self.model = TinyLlama(cfg.model, tdev)
         self.pool = KVPool(cfg.model, tdev, max_reqs=sc.max_running + 1, num_slots=cfg.num_slots)
         self.rows = RowState(
@@ -151,18 +255,38 @@ class Engine:
             "target", self.model, self.pool, backend_spec.factory, {target_mode: width}
         )
         self.runner = self.target.runner
-        self.worker: Worker
-        if self.family == "none":
-            self.worker = PlainWorker(self.target)
-        elif self.family == "dflash":
-            drafter = build_drafter(
-                algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev
-            )
-            self.worker = DflashWorker(self.target, drafter)
-        elif self.family == "eagle":
-            draft_model = build_drafter(
-                algorithm.drafter, cfg.algorithm, self.model, self.num_draft, tdev
-            )
+        self.step_worker = self._step_worker(algorithm, backend_spec.factory)
+        self.worker: Worker = self.step_worker
+        """What the loop launches: the step worker, or an audit tool's wrapper around it."""
+        self.barriers: Counter[str] = Counter()
+        self.failure: DeviceError | None = None
+        self._scheduler: Scheduler | None = None
+        """The scheduler of the run in progress (the rows it released, for the drafter)."""
+        # Capture's warm-up forwards are queued on the forward stream: finish them here, so a
+        # run's time is the run's, and a fault during capture surfaces at construction.
+        self.device.synchronize()
+
+    def _step_worker(self, algorithm: AlgorithmSpec, factory: Callable[..., object]) -> StepWorker:
+        """The generic worker for the algorithm's step, with the draft model's runner group and
+        the proposing drafter the step needs, each built by the algorithm's drafter factory."""
+        cfg, step, tdev = self.config, self.step, self.device.torch_device
+        width = self.num_draft + 1
+        name = cfg.algorithm
+        for phase in step.decode:
+            chain = phase.runner == "draft" and phase.mode is ForwardMode.DECODE
+            if chain and phase.repeat != NUM_DRAFT and phase.repeat != self.num_draft:
+                raise ValueError(
+                    f"algorithm {name!r}: its draft chain runs {phase.repeat} steps, but the "
+                    f"engine verifies num_draft={width - 1} drafts; use repeat='num_draft'"
+                )
+        draft = drafter = None
+        if step.has_draft_model:
+            draft_model = build_drafter(algorithm.drafter, name, self.model, self.num_draft, tdev)
+            if not isinstance(draft_model, TinyLlama):
+                raise TypeError(
+                    f"algorithm {name!r}: its step runs a draft model, but its drafter factory "
+                    f"returned {draft_model!r}, not a warcore.engine.model.TinyLlama"
+                )
             draft_pool = KVPool(
                 draft_model.cfg,
                 tdev,
@@ -170,19 +294,24 @@ class Engine:
                 num_slots=cfg.num_slots,
                 share_tables_with=self.pool,
             )
-            modes = {ForwardMode.DECODE: 1, ForwardMode.DRAFT_EXTEND_V2: width}
-            draft = self._group("draft", draft_model, draft_pool, backend_spec.factory, modes)
-            self.worker = EagleWorker(self.target, draft, self.num_draft)
-        else:
-            raise ValueError(
-                f"algorithm {cfg.algorithm!r} has family {self.family!r}; the reference engine "
-                "runs the families none, eagle and dflash"
-            )
-        self.barriers: Counter[str] = Counter()
-        self.failure: DeviceError | None = None
-        # Capture's warm-up forwards are queued on the forward stream: finish them here, so a
-        # run's time is the run's, and a fault during capture surfaces at construction.
-        self.device.synchronize()
+            modes = {
+                p.mode: 1 if p.mode is ForwardMode.DECODE else width
+                for p in step.decode
+                if p.runner == "draft"
+            }
+            draft = self._group("draft", draft_model, draft_pool, factory, modes)
+        if step.propose:
+            made = build_drafter(algorithm.drafter, name, self.model, self.num_draft, tdev)
+            drafter = as_drafter(made, name)
+        return StepWorker(
+            name,
+            step,
+            self.target,
+            num_draft=self.num_draft,
+            draft=draft,
+            drafter=drafter,
+            max_context=self.pool.max_context,
+        )
 
     def _group(
         self,
@@ -196,6 +325,7 @@ class Engine:
         backend = factory(
             pool=pool, max_bs=sc.max_running, capacity=self.capacity, context=self.context
         )
+        self._built_backends.append(backend)
         if not isinstance(backend, AttentionBackend) or backend.name != cfg.backend:
             raise TypeError(
                 f"backend factory for {cfg.backend!r} returned {backend!r}; expected an "
@@ -241,7 +371,20 @@ class Engine:
     # -- one step -------------------------------------------------------------------------
     def launch(self, scheduled: Scheduled) -> StepOutput:
         self.forward_stream.wait_stream(self.schedule_stream)  # RAW: read what was written
-        return self.worker.launch(scheduled.step)
+        self._release_rows()
+        step = replace(scheduled.step, request_ids=tuple(r.rid for r in scheduled.requests))
+        return self.worker.launch(step)
+
+    def _release_rows(self) -> None:
+        """Tell the worker (its drafter) which admitted rows the scheduler released since the
+        last launch: in stream order, before the next step's work."""
+        sched = self._scheduler
+        if sched is None or not self.step_worker.admitted:
+            return
+        live = {(r.row, r.rid) for r in sched.running}
+        gone = [row for row, rid in self.step_worker.admitted.items() if (row, rid) not in live]
+        if gone:
+            self.step_worker.release(gone)
 
     def barrier(self) -> str:
         """WAR fence for the scheduler's next writes (sglang's ``_apply_war_barrier``); returns
@@ -269,6 +412,16 @@ class Engine:
         progress: Callable[[int, int], None] | None = None,
         observer: EngineObserver | None = None,
     ) -> RunReport:
+        """Serve ``requests`` (copies: the list is not changed) and report.
+
+        A request this engine cannot serve (a token id outside ``0..vocab_size - 1``, a prompt
+        longer than ``max_prompt``, more KV positions than a request may have) is not served:
+        the report has ``errors[rid]`` saying why (naming the value and the limit) and an empty
+        output, and every other request is served. Two requests with the same ``rid`` raise
+        :class:`ValueError` naming it before anything runs: outputs and errors are keyed by
+        ``rid``, so serving both would lose one of them.
+        """
+        _check_request_ids(requests)
         if observer is None:
             return self._run(requests, progress, _NO_OBSERVER)
         self.device.set_span_sink(observer.device_span)
@@ -293,8 +446,18 @@ class Engine:
                 "sticky, as on a GPU: build a new Engine"
             )
         reqs = [r.fresh() for r in requests]
+        cfg = self.config
+        max_kv = min(self.pool.max_context, self.pool.num_slots - 1)
+        for req in reqs:
+            req.error = req.problem(
+                vocab_size=cfg.model.vocab_size,
+                max_prompt=cfg.max_prompt,
+                max_kv=max_kv,
+                num_draft=self.num_draft,
+            )
+        servable = [r for r in reqs if r.error is None]
         sched = Scheduler(
-            reqs,
+            servable,
             self.pool,
             self.device,
             self.schedule_stream,
@@ -305,11 +468,14 @@ class Engine:
         for runner in self.runners:
             runner.published.clear()
         self.barriers.clear()
-        stats = _Collected(sum(r.max_new_tokens for r in reqs), progress)
+        stats = _Collected(sum(r.max_new_tokens for r in servable), progress)
         start = time.perf_counter()
         stopped = None
+        self.step_worker.release_all()  # rows a stopped earlier run left admitted
+        self._scheduler = sched
         try:
             self._loop(sched, stats, obs)
+            self.step_worker.release_all()
             self.device.synchronize()
         except DeviceError as exc:
             # A device fault is sticky: nothing launched after it runs, and every event still
@@ -388,6 +554,20 @@ class Engine:
 
 
 _NO_OBSERVER = EngineObserver()
+
+
+def _check_request_ids(requests: list[Request]) -> None:
+    seen: dict[int, int] = {}
+    for i, req in enumerate(requests):
+        if not isinstance(req, Request):
+            raise TypeError(f"requests[{i}] is {req!r}, not a warcore.engine.Request")
+        first = seen.setdefault(req.rid, i)
+        if first != i:
+            raise ValueError(
+                f"duplicate request id {req.rid!r} (requests[{first}] and requests[{i}]): "
+                "outputs and errors are keyed by id, so one would be lost; give each request "
+                "its own rid"
+            )
 
 
 def _forward_hook(observer: EngineObserver) -> Callable[[str, ForwardMode, RecordPoint], None]:

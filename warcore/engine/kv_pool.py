@@ -19,6 +19,28 @@ DUMMY_SLOT = 0
 
 
 class KVPool:
+    """One model's KV cache and the scheduler-shared tables that address it.
+
+    Tables (int64, on the device; the scheduler writes them on its own stream, the forward
+    reads them: the buffers the WAR fence protects, :meth:`shared_buffers`):
+
+    * ``req_to_token[row, pos]`` ``[max_reqs, max_context]``: the KV slot of position ``pos``
+      of the request in ``row`` (rows are the requests' places in a batch,
+      ``ForwardBatch.req_pool_indices``). Entries past a request's allocated positions are
+      stale; row 0 is the padding row.
+    * ``full_to_swa_index_mapping[slot]`` ``[num_slots]``: the sliding-window pool's slot for a
+      full-attention slot (0 once the slot is freed).
+
+    K/V (this pool's own; a draft model's pool has its own K/V over the target's tables):
+
+    * ``k``, ``v`` ``[layers, num_slots, kv_heads, head_dim]``: full-attention layers;
+    * ``swa_k``, ``swa_v``: the same shape, addressed through the mapping, for the layers in
+      ``swa_layers`` (window ``cfg.sliding_window``).
+
+    Also: ``cfg`` (the model's :class:`~warcore.engine.model.ModelConfig`), ``max_reqs``,
+    ``num_slots``, ``max_context``. Slot 0 and row 0 are never handed out.
+    """
+
     def __init__(
         self,
         cfg: ModelConfig,

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["Request", "synthetic_trace"]
+__all__ = ["MAX_TRACE_REQUESTS", "PROMPT_KINDS", "Request", "synthetic_trace"]
+
+MAX_TRACE_REQUESTS = 100_000
+"""The most requests :func:`synthetic_trace` builds, and so ``--requests`` of ``warcore run``,
+``sanitize``, ``soak`` and the benchmarks accept: about 2 million tokens, hours of serving on
+the sim device. More is a typo (``--requests 100000000`` would need gigabytes for the trace
+alone), so it is an error rather than a silent multi-minute build."""
 
 
 @dataclass
@@ -31,8 +38,35 @@ class Request:
     def __post_init__(self) -> None:
         if not self.prompt:
             raise ValueError(f"request {self.rid}: empty prompt")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"request {self.rid}: max_new_tokens must be >= 1")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(
+                f"request {self.rid}: max_new_tokens must be an int >= 1, got "
+                f"{self.max_new_tokens!r}"
+            )
+
+    def problem(
+        self, *, vocab_size: int, max_prompt: int, max_kv: int, num_draft: int = 0
+    ) -> str | None:
+        """Why an engine with this vocabulary and these limits cannot serve this request, or
+        ``None``. The engine reports it as this request's error and serves the others."""
+        for i, token in enumerate(self.prompt):
+            if not isinstance(token, numbers.Integral) or isinstance(token, bool):
+                return f"prompt token {token!r} at position {i} is not an integer token id"
+            if not 0 <= token < vocab_size:
+                return (
+                    f"prompt token {token} at position {i} is outside the vocabulary: valid "
+                    f"token ids are 0..{vocab_size - 1} (vocab_size {vocab_size})"
+                )
+        if len(self.prompt) > max_prompt:
+            return f"prompt of {len(self.prompt)} tokens is longer than max_prompt {max_prompt}"
+        need = self.kv_budget(num_draft)
+        if need > max_kv:
+            return (
+                f"needs {need} KV positions ({len(self.prompt)} prompt + "
+                f"{self.max_new_tokens} new tokens - 1 + 2 x {num_draft} drafts); the engine "
+                f"has at most {max_kv} per request"
+            )
+        return None
 
     def kv_budget(self, num_draft: int = 0) -> int:
         """KV positions reserved for its lifetime. The last sampled token is never fed back;
@@ -56,6 +90,10 @@ class Request:
         return Request(self.rid, list(self.prompt), self.max_new_tokens, self.arrival_step)
 
 
+PROMPT_KINDS = ("random", "repetitive")
+"""The prompt shapes :func:`synthetic_trace` makes."""
+
+
 def synthetic_trace(
     n: int,
     *,
@@ -64,14 +102,28 @@ def synthetic_trace(
     prompt_len: tuple[int, int] = (4, 32),
     output_len: tuple[int, int] = (2, 40),
     mean_gap_steps: float = 1.5,
+    prompts: str = "random",
 ) -> list[Request]:
-    """``n`` requests with mixed prompt and output lengths arriving over the first steps."""
+    """``n`` requests with mixed prompt and output lengths arriving over the first steps
+    (``0 <= n <= MAX_TRACE_REQUESTS``).
+
+    ``prompts``: ``"random"`` (uniform tokens) or ``"repetitive"`` (each prompt repeats a
+    random motif of 2 to 6 tokens: the trace where prompt lookup, ``ngram``, has something to
+    find)."""
+    if prompts not in PROMPT_KINDS:
+        raise ValueError(f"unknown prompts {prompts!r}; valid: {', '.join(PROMPT_KINDS)}")
+    if not isinstance(n, int) or not 0 <= n <= MAX_TRACE_REQUESTS:
+        raise ValueError(f"a synthetic trace has 0 to {MAX_TRACE_REQUESTS:,} requests, got {n!r}")
     rng = random.Random(seed)
     step = 0
     requests = []
     for rid in range(n):
         step += int(rng.expovariate(1.0 / mean_gap_steps)) if mean_gap_steps > 0 else 0
         plen = rng.randint(*prompt_len)
-        prompt = [rng.randrange(vocab_size) for _ in range(plen)]
+        if prompts == "repetitive":
+            motif = [rng.randrange(vocab_size) for _ in range(rng.randint(2, 6))]
+            prompt = (motif * (plen // len(motif) + 1))[:plen]
+        else:
+            prompt = [rng.randrange(vocab_size) for _ in range(plen)]
         requests.append(Request(rid, prompt, rng.randint(*output_len), arrival_step=step))
     return requests

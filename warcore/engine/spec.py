@@ -1,29 +1,36 @@
-"""Speculative-decoding workers: the forwards one step of each algorithm family launches.
+"""The speculative worker: one generic interpreter of an algorithm's :class:`~warcore.StepSpec`.
 
-Every step ends with the target's ``commit`` (the rows advance past what the step accepted);
-the worker's ``mailbox`` is the runner that owns the step's read-done event (the step's last
-reader of the shared buffers), as the algorithm answers ``warcore_step_event_owner`` for this
-worker's facts; the scheduler's barrier takes that runner's event (``None``: no owner, coarse):
+A step's forwards are data (``warcore/core/_steps.py``); :class:`StepWorker` launches them in
+order on the forward stream, then the target's ``commit`` (each row advances past what it
+accepted), then, for ``propose=True``, the algorithm's drafter. The built-in families are three
+steps::
 
-* ``none``:   target forward, commit.                                   mailbox: target
-* ``dflash``: target forward (prefill or verify), commit, block drafter. mailbox: target
-* ``eagle``:  k draft decodes, target verify, draft-extend, commit.     mailbox: draft
-  (prefill: target prefill, draft prefill over the prompt, commit)
+    none:    prefill target EXTEND*                      decode target DECODE*
+    dflash:  prefill target EXTEND*                      decode target TARGET_VERIFY* -> propose
+    eagle:   prefill target EXTEND -> draft DRAFT_EXTEND decode draft DECODE x k ->
+                                                                target TARGET_VERIFY ->
+                                                                draft DRAFT_EXTEND_V2*
+
+(``*``: the last shared reader, whose runner owns the step's read-done event.) The worker's
+``mailbox`` is that owner's runner, as the algorithm answers ``warcore_step_event_owner`` for
+the worker's ``facts`` (the step's own owner when no plugin answers); the scheduler's barrier
+takes that runner's event (``None``: no owner, the coarse fence).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 
-from warcore.core import ForwardMode, StepFacts
+from warcore.core import NUM_DRAFT, ForwardMode, Phase, StepFacts, StepSpec
+from warcore.engine.drafter import Drafter, DraftInput, TokenHistory
 from warcore.runners import ModelRunner, RowState, RunnerGroup, StepInput, StepOutput
 from warcore.runners.batch import ForwardBatch
 
-__all__ = ["DflashWorker", "EagleWorker", "PlainWorker", "Worker"]
+__all__ = ["StepWorker", "Worker", "build_drafter", "feed_inputs"]
 
 
 class Worker(Protocol):
@@ -36,7 +43,7 @@ class Worker(Protocol):
 
 
 def feed_inputs(state: RowState) -> Callable[[ForwardBatch], None]:
-    """Decode / verify input: the row's next token, then the drafter's proposals."""
+    """Decode / verify input: the row's next token, then the drafts."""
 
     def fill(fb: ForwardBatch) -> None:
         rows = fb.req_pool_indices
@@ -47,92 +54,116 @@ def feed_inputs(state: RowState) -> Callable[[ForwardBatch], None]:
     return fill
 
 
-class PlainWorker:
-    facts = StepFacts(has_draft_model=False)
-    """What this worker tells the algorithm's event-owner answer about the rank and the step."""
+class StepWorker:
+    """Runs one algorithm's step, as its :class:`~warcore.StepSpec` describes it.
 
-    def __init__(self, target: RunnerGroup) -> None:
+    ``target``/``draft``: the runner groups (``draft`` only for a step with draft phases);
+    ``drafter``: the proposing drafter (only for ``propose=True``); ``num_draft``: the drafts
+    per verify (0 without speculation).
+    """
+
+    def __init__(
+        self,
+        algorithm: str,
+        spec: StepSpec,
+        target: RunnerGroup,
+        *,
+        num_draft: int,
+        draft: RunnerGroup | None = None,
+        drafter: Drafter | None = None,
+        max_context: int = 0,
+    ) -> None:
+        self.algorithm = algorithm
+        self.spec = spec
         self.target = target
+        self.draft = draft
+        self.drafter = drafter
+        self.num_draft = num_draft
+        self.facts = StepFacts(has_draft_model=draft is not None)
+        """What this worker tells the algorithm's event-owner answer about the rank and step."""
+        r = target.runner
+        self.history = (
+            None
+            if drafter is None
+            else TokenHistory(r.pool.max_reqs, max_context, r.device.torch_device)
+        )
+        self.draft_hidden: torch.Tensor | None = None
+        if draft is not None:
+            cfg = draft.runner.model.cfg
+            self.draft_hidden = torch.zeros(
+                draft.runner.pool.max_reqs,
+                cfg.hidden,
+                dtype=cfg.dtype,
+                device=draft.runner.device.torch_device,
+            )
+        self.admitted: dict[int, int] = {}
+        """Row -> request id of the requests the drafter was told about (host side)."""
+
+    # -- the event owner --------------------------------------------------------------------
+    _owner_cache: object = None
+    _owner_generation = -1
+    _owner: ModelRunner | None = None
 
     @property
     def mailbox(self) -> ModelRunner | None:
-        """The owner's runner: a lookup, resolved once per plugin set."""
+        """The owner's runner, resolved once per plugin set (the barrier asks every step: an
+        attribute check while nothing changed)."""
         r = self.target.runner
-        return self.runner_named(r.decisions.event_owner(r.context.algorithm, self.facts).owner)
+        decisions = r.decisions
+        generation = decisions.pm.generation  # read before resolving: a change re-resolves
+        if self._owner_cache is not decisions or self._owner_generation != generation:
+            owner = decisions.event_owner(r.context.algorithm, self.facts).owner
+            self._owner = self.runner_named(owner)
+            self._owner_cache, self._owner_generation = decisions, generation
+        return self._owner
 
     def runner_named(self, owner: str | None) -> ModelRunner | None:
-        return self.target.runner if owner == "target" else None
+        if owner == "target":
+            return self.target.runner
+        if owner == "draft" and self.draft is not None:
+            return self.draft.runner
+        return None
 
-    def _target(self, step: StepInput) -> StepOutput:
-        if step.prompt_ids is None:
-            step = replace(step, fill=feed_inputs(self.target.runner.rows))
-        return self.target.run(step)
-
+    # -- one step ---------------------------------------------------------------------------
     def launch(self, step: StepInput) -> StepOutput:
-        out = self._target(step)
-        self.target.runner.commit(out)
+        prefill = step.prompt_ids is not None
+        if self.drafter is not None and prefill:
+            self._admit(step)
+        out: StepOutput | None = None
+        for phase in self.spec.prefill if prefill else self.spec.decode:
+            out = self._phase(phase, step, out)
+        assert out is not None  # a runnable step always runs the target
+        r = self.target.runner
+        r.commit(out)
+        if self.history is not None and self.drafter is not None:
+            history, state, drafter = self.history, r.rows, self.drafter
+            with r.device.use_stream(r.forward_stream):
+                r.device.launch(lambda: history.record(out, state), "record_history")
+            if self.spec.propose:
+                self._propose(step, out, drafter, history)
         return out
 
-
-class BlockDrafter(Protocol):
-    def propose(self, rows: torch.Tensor, state: RowState) -> None: ...
-
-
-class DflashWorker(PlainWorker):
-    """Verify the block, commit, then draft the next block from the committed hidden state."""
-
-    def __init__(self, target: RunnerGroup, drafter: BlockDrafter) -> None:
-        super().__init__(target)
-        self.drafter = drafter
-
-    def launch(self, step: StepInput) -> StepOutput:
-        out = super().launch(step)
-        r, drafter, bs = self.target.runner, self.drafter, step.batch_size
-        rows = out.batch.req_pool_indices
-        with r.device.use_stream(r.forward_stream):
-            r.device.launch(lambda: drafter.propose(rows[:bs], r.rows), "draft_block")
-        return out
-
-
-class EagleWorker(PlainWorker):
-    """EAGLE: an autoregressive drafter with its own KV, and a draft-extend after verify."""
-
-    def __init__(self, target: RunnerGroup, draft: RunnerGroup, num_draft: int) -> None:
-        super().__init__(target)
-        self.draft = draft
-        self.num_draft = num_draft
-        cfg = draft.runner.model.cfg
-        self.draft_hidden = torch.zeros(
-            draft.runner.pool.max_reqs,
-            cfg.hidden,
-            dtype=cfg.dtype,
-            device=draft.runner.device.torch_device,
-        )
-
-    facts = StepFacts(has_draft_model=True)
-
-    def runner_named(self, owner: str | None) -> ModelRunner | None:
-        return self.draft.runner if owner == "draft" else super().runner_named(owner)
-
-    def launch(self, step: StepInput) -> StepOutput:
-        if step.prompt_ids is not None:
-            out = self._target(step)
-            self.draft.run(
-                replace(
-                    step, forward_mode=ForwardMode.DRAFT_EXTEND, fill=self._prompt_features(out)
-                )
-            )
-        else:
-            for j in range(self.num_draft):
+    def _phase(self, phase: Phase, step: StepInput, target: StepOutput | None) -> StepOutput | None:
+        """Run ``phase``; the target's output (the one the step returns) so far."""
+        mode = phase.mode
+        if phase.runner == "target":
+            if step.prompt_ids is None:
+                return self.target.run(replace(step, fill=feed_inputs(self.target.runner.rows)))
+            return self.target.run(step)
+        assert self.draft is not None
+        if mode is ForwardMode.DRAFT_EXTEND:  # the draft model's pass over the prompt
+            assert target is not None
+            self.draft.run(replace(step, forward_mode=mode, fill=self._prompt_features(target)))
+        elif mode is ForwardMode.DECODE:  # the draft chain
+            repeat = self.num_draft if phase.repeat == NUM_DRAFT else int(phase.repeat)
+            for j in range(repeat):
                 self._draft_decode(step, j)
-            out = self._target(step)
-            self.draft.run(
-                replace(
-                    step, forward_mode=ForwardMode.DRAFT_EXTEND_V2, fill=self._verify_inputs(out)
-                )
-            )
-        self.target.runner.commit(out)
-        return out
+        elif mode is ForwardMode.DRAFT_EXTEND_V2:  # redo the draft KV of the verified block
+            assert target is not None
+            self.draft.run(replace(step, forward_mode=mode, fill=self._verify_inputs(target)))
+        else:  # engine_problem() refuses every other phase before a worker is built
+            raise ValueError(f"the reference engine cannot run phase {phase.describe()}")
+        return target
 
     def _prompt_features(self, target: StepOutput) -> Callable[[ForwardBatch], None]:
         """Position p of the prompt gets the target hidden state of position p - 1."""
@@ -159,6 +190,9 @@ class EagleWorker(PlainWorker):
         return fill
 
     def _draft_decode(self, step: StepInput, j: int) -> None:
+        """Draft step ``j``: the row's next token (``j = 0``) or draft ``j - 1``, with the
+        target's (or the previous draft step's) hidden state as its feature; keeps draft ``j``."""
+        assert self.draft is not None and self.draft_hidden is not None
         state, prev = self.target.runner.rows, self.draft_hidden
         bs = step.batch_size
 
@@ -183,6 +217,75 @@ class EagleWorker(PlainWorker):
 
         with r.device.use_stream(r.forward_stream):
             r.device.launch(keep, f"keep_draft{j}")
+
+    # -- the drafter ------------------------------------------------------------------------
+    def _admit(self, step: StepInput) -> None:
+        """Stream work: tell the drafter which request enters which row (releasing a row's
+        previous request first, should the engine not have said)."""
+        assert step.prompt_ids is not None and self.drafter is not None
+        drafter, r = self.drafter, self.target.runner
+        ids = _request_ids(step)
+        entries = [
+            (row, rid, list(prompt[:n]))
+            for row, rid, prompt, n in zip(
+                step.rows, ids, step.prompt_ids, step.q_lens, strict=True
+            )
+        ]
+        stale = [row for row, _, _ in entries if row in self.admitted]
+        for row, rid, _ in entries:
+            self.admitted[row] = rid
+
+        def admit() -> None:
+            for row in stale:
+                drafter.release(row)
+            for row, rid, prompt in entries:
+                drafter.admit(row, rid, prompt)
+
+        with r.device.use_stream(r.forward_stream):
+            r.device.launch(admit, "drafter_admit")
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Stream work: the requests in ``rows`` are gone (the engine calls this before the
+        next step it launches, and with every admitted row when a run ends)."""
+        drafter = self.drafter
+        gone = [row for row in rows if self.admitted.pop(row, None) is not None]
+        if drafter is None or not gone:
+            return
+        r = self.target.runner
+
+        def release() -> None:
+            for row in gone:
+                drafter.release(row)
+
+        with r.device.use_stream(r.forward_stream):
+            r.device.launch(release, "drafter_release")
+
+    def release_all(self) -> None:
+        self.release(list(self.admitted))
+
+    def _propose(
+        self, step: StepInput, out: StepOutput, drafter: Drafter, history: TokenHistory
+    ) -> None:
+        r, bs = self.target.runner, step.batch_size
+        rows, state = out.batch.req_pool_indices, r.rows
+        host_rows, ids = tuple(step.rows), _request_ids(step)
+        host = drafter.location == "host"
+        mode, k = out.step.forward_mode, self.num_draft
+
+        def propose() -> None:
+            live = rows[:bs]
+            committed = history.committed(live, state) if host else None
+            drafter.propose(
+                DraftInput(mode, k, live, host_rows, ids, state, history.tokens, committed)
+            )
+
+        with r.device.use_stream(r.forward_stream):
+            r.device.launch(propose, "draft_propose")
+
+
+def _request_ids(step: StepInput) -> tuple[int, ...]:
+    ids = step.request_ids
+    return tuple(ids) if ids is not None else (-1,) * step.batch_size
 
 
 def build_drafter(spec_drafter: Callable[..., Any] | None, name: str, *args: Any) -> Any:

@@ -112,7 +112,8 @@ class ModelRunner:
         if modelled_layer_s and device.name != "sim":
             raise ValueError("modelled_layer_s models GPU kernel time on the sim device only")
         self.modelled_layer_s = modelled_layer_s
-        """A draft model's runner: its decode steps never publish (``RunnerKind.DRAFT_DECODE``)."""
+        """A draft model's runner: its decode steps are ``RunnerKind.DRAFT_DECODE``, which
+        publish only when the algorithm's publish phase is ``DECODE`` (never for EAGLE)."""
         self.max_bs = max_bs
         self.capacity = capacity
         self.mailbox = ReadDoneMailbox()

@@ -40,6 +40,9 @@ class StepInput:
     kv_lens: list[int] | None = None
     """Committed lengths, where the host knows them exactly (decode without speculation);
     for backends whose out-graph init plans on the host (flashinfer)."""
+    request_ids: tuple[int, ...] | None = None
+    """The request in each row (real requests only; padding adds none), when the engine says:
+    the speculative worker hands them to the algorithm's drafter."""
 
     @property
     def batch_size(self) -> int:
@@ -66,17 +69,37 @@ class StepInput:
 
 @dataclass
 class ForwardBatch:
-    """The device tensors a forward reads (static views for a captured graph)."""
+    """The device tensors a forward reads (static views for a captured graph).
+
+    What an attention backend is given: the runner's ``load_batch`` fills the tensors (device
+    work on the forward stream) before the backend's out-graph init. In a captured graph they
+    are views of fixed buffers sized for the graph's bucket; the tail of the batch is then
+    dummy requests (row 0, ``q_lens`` 0). All int64 unless said.
+    """
 
     forward_mode: ForwardMode
+    """The mode of this forward (``EXTEND``, ``DECODE``, ``TARGET_VERIFY``, ...)."""
     batch_size: int
+    """Requests in the batch (the bucket's size in a graph, padding included)."""
     max_q: int
-    req_pool_indices: torch.Tensor  # [bs]
-    q_lens: torch.Tensor  # [bs]
-    positions: torch.Tensor  # [bs, max_q]
-    out_cache_loc: torch.Tensor  # [bs, max_q]
-    input_ids: torch.Tensor  # [bs, max_q]
-    features: torch.Tensor  # [bs, max_q, hidden] (models that take them: the EAGLE drafter)
+    """Query tokens per request slot: the longest prompt (prefill), ``num_draft + 1``
+    (verify, draft-extend), 1 (decode)."""
+    req_pool_indices: torch.Tensor
+    """``[bs]``: each request's row in ``req_to_token`` and the row state."""
+    q_lens: torch.Tensor
+    """``[bs]``: each request's real query tokens (0 for padding)."""
+    positions: torch.Tensor
+    """``[bs, max_q]``: each query token's position in its request (0 for padding tokens);
+    derived on the device from the row's committed length, so a step is launched before the
+    host knows how many tokens the previous one accepted."""
+    out_cache_loc: torch.Tensor
+    """``[bs, max_q]``: the KV slot each query token writes, ``req_to_token[row, position]``
+    (read by ``load_batch``; 0, the dummy slot, for padding)."""
+    input_ids: torch.Tensor
+    """``[bs, max_q]``: the query tokens."""
+    features: torch.Tensor
+    """``[bs, max_q, hidden]`` (model dtype): input features for models that take them (the
+    EAGLE drafter's target hidden states); unused otherwise."""
     host: StepInput | None = None
     """The step on the host, for out-graph inits that plan from host data (flashinfer)."""
 

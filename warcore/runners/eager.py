@@ -48,12 +48,15 @@ class EagerRunner:
         decision = r.decisions[handle]
         point = decision.record_point
         fb = self.static.view(mode, step.batch_size, step.max_q)
-        if point is RecordPoint.PRE_REPLAY and decision.refines_per_batch:
-            # The static declaration is the earliest this prefill may publish; the backend
-            # keeps it for this batch (building its snapshot) or withdraws it.
-            if r.backend.refine_prefill_boundary(replace(fb, host=step)) is not PRE:
-                point = RecordPoint.NONE
-                decision = replace(decision, record_point=point, withdrawn=True)
+        # The static declaration is the earliest a prefill may publish; the backend keeps it
+        # for this batch (building its snapshot) or withdraws it.
+        if (
+            point is RecordPoint.PRE_REPLAY
+            and decision.refines_per_batch
+            and r.backend.refine_prefill_boundary(replace(fb, host=step)) is not PRE
+        ):
+            point = RecordPoint.NONE
+            decision = replace(decision, record_point=point, withdrawn=True)
         r.mailbox.put(None)
         # An audit probe that asks to act at the record point (sanitizer, read tracer).
         probe = r.probe if r.probe is not None and r.probe.begin(r, step, decision) else None

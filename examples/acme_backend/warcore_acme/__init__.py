@@ -6,7 +6,9 @@ declares the earliest boundary, ``PRE_REPLAY``, for every mode it runs, and the 
 rewrite ``req_to_token`` while the graph is still replaying.
 
 This module is what the entry point loads in every ``warcore`` process: it imports only
-warcore's vocabulary (no torch, no device work); the backend class is imported by the factory.
+warcore's vocabulary (no torch, no device work); the backend class (``backend.py``, an
+``AttentionBackend`` subclass with its own compute) is imported by the factory, which the engine
+calls with ``pool``, ``max_bs``, ``capacity`` and ``context`` (see ``warcore.BackendSpec``).
 """
 
 from __future__ import annotations

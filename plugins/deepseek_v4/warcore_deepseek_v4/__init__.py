@@ -52,6 +52,7 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
             BACKEND_NAME,
             _make_backend,
             "DeepSeek-V4-style attention: verify re-reads req_to_token in every layer",
+            models="sglang_dsv4",
         )
     ]
 

@@ -3,7 +3,8 @@
 Both belong to the dflash family: a block drafter proposes a whole block, the target verifies it
 in one forward, and no draft-extend follows the verify. So the target's verify (and its prefill
 ``EXTEND``) is the step's last reader of scheduler-shared buffers: that is where a read-done
-event is published.
+event is published. The step says so as data (:data:`STEP`, ``warcore.core.DFLASH_STEP``); the
+publish-phase hook below says it too, and ``warcore check`` compares the two.
 """
 
 from __future__ import annotations
@@ -12,11 +13,24 @@ from collections.abc import Iterable
 from typing import Any
 
 import warcore
-from warcore import AlgorithmSpec, ForwardMode
+from warcore import AlgorithmSpec, ForwardMode, Phase, StepSpec
 
-__all__ = ["ALGORITHMS", "warcore_is_war_publish_phase", "warcore_speculative_algorithms"]
+__all__ = [
+    "ALGORITHMS",
+    "STEP",
+    "warcore_is_war_publish_phase",
+    "warcore_speculative_algorithms",
+]
 
 ALGORITHMS = ("dflash", "dspark")
+
+STEP = StepSpec(
+    prefill=(Phase("target", ForwardMode.EXTEND),),
+    decode=(Phase("target", ForwardMode.TARGET_VERIFY),),
+    propose=True,
+)
+"""Verify the block (the step's last shared reader: the target owns the event), commit, then
+the block drafter proposes the next block (it reads no shared buffer)."""
 
 _PUBLISH_PHASES = frozenset({ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND})
 
@@ -41,12 +55,16 @@ def warcore_speculative_algorithms() -> Iterable[AlgorithmSpec]:
             "dflash",
             "block-diffusion drafter; the target verifies a block at once",
             drafter=_dflash_drafter,
+            step=STEP,
+            models="sglang_dflash",
         ),
         AlgorithmSpec(
             "dspark",
             "dflash",
             "dflash with a low-rank previous-token bias (Markov head)",
             drafter=_dspark_drafter,
+            step=STEP,
+            models="sglang_dspark",
         ),
     ]
 

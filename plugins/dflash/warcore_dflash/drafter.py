@@ -20,12 +20,20 @@ import torch
 from warcore.engine.model import TinyLlama, rms_norm
 
 if TYPE_CHECKING:
-    from warcore.runners.batch import RowState
+    from collections.abc import Sequence
+
+    from warcore.engine.drafter import DraftInput, DraftLocation
 
 __all__ = ["BlockDrafter"]
 
 
 class BlockDrafter:
+    """A :class:`warcore.engine.drafter.Drafter` on the device: it drafts from each row's next
+    token and the target hidden state that predicted it (``state.token``, ``state.feature``),
+    keeps nothing per request, and queues only torch ops, so the host never waits for it."""
+
+    location: DraftLocation = "device"
+
     def __init__(
         self,
         target: TinyLlama,
@@ -56,8 +64,15 @@ class BlockDrafter:
             rms_norm(target.embedding, target.final_norm) @ target.lm_head if markov else None
         )
 
-    def propose(self, rows: torch.Tensor, state: RowState) -> None:
+    def admit(self, row: int, request_id: int, prompt: Sequence[int]) -> None:
+        """Nothing to keep per request: the block is drafted from the row state alone."""
+
+    def release(self, row: int) -> None:
+        pass
+
+    def propose(self, batch: DraftInput) -> None:
         """Write ``num_draft`` proposals for each row into ``state.drafts`` (device work)."""
+        rows, state = batch.rows, batch.state
         token = state.token[rows]
         ctx = self.embedding[token] + state.feature[rows] @ self.w_ctx
         bs, k = token.shape[0], self.num_draft
@@ -75,4 +90,4 @@ class BlockDrafter:
             for j in range(k):
                 prev = (logits[:, j] + self.markov_bias[prev]).argmax(-1)
                 drafts[:, j] = prev
-        state.drafts[rows, :k] = drafts
+        batch.write(drafts)

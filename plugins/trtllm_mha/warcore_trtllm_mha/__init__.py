@@ -54,6 +54,7 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
             BACKEND_NAME,
             _make_backend,
             "TRT-LLM-style MHA: prefill snapshots the page table in its out-graph init",
+            models="sglang_trtllm_mha",
         )
     ]
 
@@ -71,6 +72,8 @@ def warcore_shared_read_boundary(
     if forward_mode is ForwardMode.DRAFT_EXTEND_V2:
         # warcore's audit of the reference backend: its in-graph init gathers the page table.
         # With an NCCL all-gather in the overlap loop, only the end of the replay is claimed.
+        # The flag is the core's (CORE_FLAGS: bool, default False; README "Engine flags"),
+        # set with `--flag nccl_allgather_in_overlap`, so this plugin declares no flag.
         if context.flag(NCCL_ALLGATHER_IN_OVERLAP):
             return Declared(SharedReadBoundary.POST_REPLAY, AUDITED)
         return Declared(SharedReadBoundary.IN_REPLAY, AUDITED)

@@ -1,0 +1,102 @@
+"""Fake plugin distributions that ``importlib.metadata`` cannot tell from installed ones.
+
+Each fake plugin is a module plus a ``<name>-<version>.dist-info/`` folder with ``METADATA`` and
+``entry_points.txt``, in a folder put on ``sys.path`` (in process) or ``PYTHONPATH`` (``warcore``
+run as a subprocess). Use :func:`fake_dists` from a fixture.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from warcore.core import reset_plugin_manager
+
+REAL_PLUGINS = {"trtllm_mha", "deepseek_v4", "dflash"}
+
+# Module bodies of the fake plugins.
+DECLARES = """
+import warcore
+from warcore import ForwardMode, SharedReadBoundary
+
+
+@warcore.hookimpl
+def warcore_shared_read_boundary(backend, forward_mode, context):
+    if backend == "torch_native" and forward_mode is ForwardMode.EXTEND:
+        return SharedReadBoundary.{boundary}
+    return None
+"""
+RAISES_ON_IMPORT = "raise RuntimeError('boom at import')\n"
+
+
+def marks(path: Path) -> str:
+    """A module body line that appends a line to ``path`` whenever the module is imported."""
+    return f"open({str(path)!r}, 'a').write('imported\\n')\n"
+
+
+@dataclass
+class FakeDists:
+    root: Path
+
+    def add(
+        self,
+        entry: str,
+        source: str,
+        *,
+        dist: str | None = None,
+        version: str = "1.0",
+        module: str | None = None,
+    ) -> str:
+        """Install a fake distribution whose ``warcore`` entry point ``entry`` is a module."""
+        dist = dist or f"warcore-fake-{entry.replace('_', '-')}"
+        module = module or f"_wcfake_{entry}"
+        (self.root / f"{module}.py").write_text(textwrap.dedent(source))
+        info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[warcore]\n{entry} = {module}\n")
+        importlib.invalidate_caches()
+        return module
+
+    def env(self, **variables: str) -> dict[str, str]:
+        """A subprocess environment that sees these distributions and no stray WARCORE_*."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
+        env.update(variables)
+        return env
+
+
+def fake_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
+    """The body of a ``fake`` fixture: a clean environment, an empty fake site folder on
+    ``sys.path``, and no process-wide manager before or after."""
+    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
+        monkeypatch.delenv(var)
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    reset_plugin_manager()
+    yield FakeDists(root)
+    reset_plugin_manager()
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "") or "").startswith(str(root)):
+            del sys.modules[name]
+
+
+def run_warcore(
+    *args: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "warcore", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
