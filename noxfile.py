@@ -10,6 +10,9 @@ torch is installed once, into ``.nox/_torch``, and every cell sees it through a 
 written before anything else is installed (so pip finds the requirement satisfied and never
 downloads a multi-GB CUDA build). Run all cells with ``nox -s matrix``, one with
 ``nox -s "matrix(cell='none', pluggy='newest')"``.
+
+``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
+sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``.
 """
 
 from __future__ import annotations
@@ -144,6 +147,46 @@ def _example_entry_points(example: str) -> set[str]:
     text = (ROOT / PLUGINS[example] / "pyproject.toml").read_text()
     section = text.split("[project.entry-points.warcore]", 1)[1].split("\n[", 1)[0]
     return {line.split("=")[0].strip() for line in section.splitlines() if "=" in line}
+
+
+SGLANG = ROOT / "plugins" / "sglang"
+SGLANG_PINS = SGLANG / "sglang-0.5.23-pins.txt"
+SGLANG_BOOT = SGLANG / "tests" / "_boot"
+_ASSERT_SGLANG_ENV = (
+    "from importlib.metadata import version as v; "
+    "assert v('sglang') == '0.5.23', v('sglang'); "
+    "assert v('torch').startswith('2.13.0'), v('torch')"
+)
+
+
+@nox.session
+def sglang(session: nox.Session) -> None:
+    """warcore-sglang against sglang 0.5.23's real classes, on a CPU (not in the default
+    sessions: ``nox -s sglang``; ``.ci/run`` runs it).
+
+    torch==2.13.0 (CPU) comes from the shared torch env (``.nox/_torch``, pip-installed pinned,
+    seen through a ``.pth`` file written before anything else); sglang and every package its
+    imports need here are installed at once from the pin file with ``--no-deps`` (sglang's own
+    metadata asks for torch 2.14.1 and GPU-only packages, which must never be resolved), then
+    warcore, its plugins and warcore-sglang editable, also ``--no-deps``. triton and
+    torchvision are stood in by plugins/sglang/tests/_boot (where the real ones are absent).
+    Runs plugins/sglang/tests, then the lookup benchmark with a small count.
+    """
+    _share_torch(session)
+    session.install("--no-deps", "-r", str(SGLANG_PINS))
+    session.install(PLUGGY["newest"], "pytest>=8")
+    editables = [ROOT, *(ROOT / PLUGINS[p] for p in ALL_THREE), SGLANG]
+    session.install("--no-deps", *(arg for path in editables for arg in ("-e", str(path))))
+    # Versions from metadata: `import sglang` itself needs the triton stand-in.
+    session.run("python", "-c", _ASSERT_SGLANG_ENV)
+    session.chdir(session.create_tmp())
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
+    pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
+    pytest_args += ["-W", "ignore::DeprecationWarning"]
+    session.run("python", "-m", "pytest", *pytest_args, str(SGLANG / "tests"), *session.posargs)
+    env = {"PYTHONPATH": str(SGLANG_BOOT)}
+    bench = ["python", "-m", "warcore_sglang.bench", "--calls", "20000", "--repeat", "3"]
+    session.run(*bench, env=env)
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience

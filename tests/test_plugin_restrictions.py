@@ -595,6 +595,7 @@ def test_a_failing_spec_hook_is_logged_once_per_reason(
 # -- 9. a quiet check -------------------------------------------------------------------------
 
 
+@pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
 def test_check_prints_grouped_lines_and_no_per_cell_warnings(fake: FakeDists) -> None:
     fake.add("raiser", RAISING_HOOKS)
     result = run_warcore("check", env=fake.env())

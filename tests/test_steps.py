@@ -3,6 +3,7 @@ the sanitizer audits it, ``check`` reports what cannot run or contradicts its ho
 
 from __future__ import annotations
 
+import importlib.metadata as md
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -177,7 +178,8 @@ def test_check_reports_unrunnable_algorithms_and_hooks_contradicting_steps(
     make_warcore_pm: Callable[..., WarcorePluginManager],
 ) -> None:
     assert step_problems(make_warcore_pm(kdv_plugin())) == []
-    assert step_problems(make_warcore_pm(entry_points=["dflash"])) == []
+    if "dflash" in {ep.name for ep in md.entry_points(group="warcore")}:
+        assert step_problems(make_warcore_pm(entry_points=["dflash"])) == []
     pm = make_warcore_pm(kdv_plugin(), ContradictingHooks(), OtherShapes())
     problems = "\n".join(step_problems(pm))
     assert "algorithm 'medusa' (plugin 'OtherShapes') is not runnable" in problems

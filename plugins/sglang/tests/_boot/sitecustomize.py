@@ -1,0 +1,39 @@
+"""Stand-ins for the GPU-only packages sglang imports, in every process of a CPU test run.
+
+Put this folder on ``PYTHONPATH`` (``conftest.py`` does, for the subprocesses of the
+warcore-sglang tests: ``warcore matrix``, multiprocessing ``spawn`` children, the benchmark)
+and Python imports it at start-up: it appends a finder to the END of ``sys.meta_path`` that
+serves ``triton`` and ``torchvision`` from ``../_standins`` only when no other finder found the
+real package, so a machine with real triton (or torchvision) keeps using it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+STANDINS = Path(__file__).resolve().parent.parent / "_standins"
+NAMES = ("triton", "torchvision")
+
+
+class StandinFinder:
+    """Last-resort finder for the stand-in packages (their submodules come from their own
+    finders, installed when the stand-in is imported)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in NAMES:
+            return None
+        init = STANDINS / fullname / "__init__.py"
+        return importlib.util.spec_from_file_location(
+            fullname, init, submodule_search_locations=[str(init.parent)]
+        )
+
+
+def install() -> None:
+    if not any(isinstance(f, StandinFinder) for f in sys.meta_path):
+        sys.meta_path.append(StandinFinder())
+
+
+install()

@@ -1,0 +1,448 @@
+"""After ``warcore_sglang.install()``, sglang's own declaration points answer through warcore.
+
+Everything is sglang 0.5.23's real code on bare objects: the decode runner is a bare
+``DecodeCudaGraphRunner`` with ``in_graph_metadata_prep_done`` set (a planted in-graph event)
+whose real ``_resolve_shared_read_ends`` (patched) is called with bare backends; the workers are
+bare ``EAGLEWorkerV2`` etc. Third-party plugins are registered on warcore's process-wide plugin
+manager, the one the activation consults.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import warcore_sglang
+from _real import A, algorithm, bare, cls, hybrid, leaf
+
+import warcore
+from warcore import Declared, SharedReadBoundary
+from warcore.audit.matrix import find_problems
+
+W = warcore.ForwardMode
+
+
+def _sgl() -> Any:
+    from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as SglMode
+
+    return SimpleNamespace(ends=SharedReadEnds, mode=SglMode)
+
+
+def _runner(planted: bool = True) -> Any:
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    return bare(
+        DecodeCudaGraphRunner,
+        in_graph_metadata_prep_done=object() if planted else None,
+        model_runner=SimpleNamespace(shared_read_done_event=None),
+    )
+
+
+class Declares:
+    """A third-party plugin: one declaration for one (backend, mode)."""
+
+    def __init__(self, backend: str, mode: warcore.ForwardMode, answer: Any) -> None:
+        self.backend, self.mode, self.answer = backend, mode, answer
+
+    @warcore.hookimpl
+    def warcore_shared_read_boundary(
+        self, backend: str, forward_mode: warcore.ForwardMode, context: warcore.BoundaryContext
+    ) -> Any:
+        if (backend, forward_mode) == (self.backend, self.mode):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+        return None
+
+
+# -- what install() patches, and that uninstall() restores it exactly ----------------------
+
+
+def _patched_points() -> list[tuple[Any, str]]:
+    from sglang.srt.managers.tp_worker import BaseTpWorker
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    base = cls(A + "base_attn_backend.AttentionBackend")
+    points = [
+        (DecodeCudaGraphRunner, "_resolve_shared_read_ends"),
+        (base, "shared_read_ends"),
+        (base, "resolve_prefill_shared_read_ends"),
+        (SpeculativeAlgorithm, "supports_prefill_shared_read_done"),
+        (CustomSpecAlgo, "supports_prefill_shared_read_done"),
+        (BaseTpWorker, "last_shared_read_runner"),
+        (BaseSpecWorker, "last_shared_read_runner"),
+        (EAGLEWorkerV2, "last_shared_read_runner"),
+        (MultiLayerEagleWorkerV2, "last_shared_read_runner"),
+    ]
+    for path in (
+        "trtllm_mha_backend.TRTLLMHAAttnBackend",
+        "deepseek_v4_backend.DeepseekV4AttnBackend",
+        "hybrid_attn_backend.HybridAttnBackend",
+        "tbo_backend.TboAttnBackend",
+        "hybrid_linear_attn_backend.HybridLinearAttnBackend",
+        "dots_hybrid_backend.DotsSWAMLAAttnBackend",
+        "minimax_sparse_backend.MiniMaxHybridAttnBackend",
+        "minimax_sparse_nvfp4_backend.MiniMaxSparseNvfp4AttnBackend",
+    ):
+        points.append((cls(A + path), "shared_read_ends"))
+    return points
+
+
+def _answers() -> dict[tuple[str, str, str, bool], str]:
+    """Every (backend, algorithm, mode, planted) -> the decode runner's resolution."""
+    sgl = _sgl()
+    out = {}
+    for name in ("none", "sglang_eagle", "sglang_dspark"):
+        algo = algorithm(name)
+        backends = {
+            "base": leaf("base", algo),
+            "trtllm_mha": leaf("trtllm_mha", algo),
+            "dsv4": leaf("dsv4", algo),
+            "nvfp4": leaf("minimax_sparse_nvfp4", algo),
+            "hybrid": hybrid(leaf("trtllm_mha", algo), leaf("dsv4", algo), False),
+        }
+        for planted in (True, False):
+            runner = _runner(planted)
+            for label, backend in backends.items():
+                for mode in sgl.mode:
+                    ends = runner._resolve_shared_read_ends(backend, mode)
+                    out[(label, name, mode.name, planted)] = ends.name
+    return out
+
+
+def test_install_patches_and_uninstall_restores_the_very_objects(pm: Any) -> None:
+    points = _patched_points()
+    before = {(owner, attr): vars(owner)[attr] for owner, attr in points}
+    init_subclass = cls(A + "base_attn_backend.AttentionBackend").__dict__.get("__init_subclass__")
+    assert init_subclass is None
+    warcore_sglang.install()
+    warcore_sglang.install()  # idempotent
+    try:
+        assert warcore_sglang.is_installed()
+        for owner, attr in points:
+            now = vars(owner)[attr]
+            assert now is not before[(owner, attr)], (owner, attr)
+            assert now.__warcore_original__ is before[(owner, attr)], (owner, attr)
+    finally:
+        warcore_sglang.uninstall()
+        warcore_sglang.uninstall()  # idempotent
+    assert not warcore_sglang.is_installed()
+    for owner, attr in points:
+        assert vars(owner)[attr] is before[(owner, attr)], (owner, attr)
+    base = cls(A + "base_attn_backend.AttentionBackend")
+    assert "__init_subclass__" not in vars(base)
+
+
+def test_defaults_keep_sglangs_answers_and_uninstall_restores_them(pm: Any) -> None:
+    own = _answers()
+    warcore_sglang.install()
+    try:
+        through_warcore = _answers()
+    finally:
+        warcore_sglang.uninstall()
+    assert _answers() == own
+    differ = {k: (own[k], through_warcore[k]) for k in own if own[k] != through_warcore[k]}
+    # Under sglang's algorithms nothing changes. The one difference: warcore's 'none' (the core's
+    # step) publishes only at DECODE and EXTEND, so in the modes a server without speculation
+    # runs besides those (IDLE; TARGET_VERIFY and the rest never run under it) the answer is
+    # UNKNOWN: later, never earlier.
+    assert differ, "expected the documented 'none' difference"
+    for (label, name, mode, _), (_before, after) in differ.items():
+        assert (name, after) == ("none", "UNKNOWN"), (label, name, mode)
+        assert mode not in ("DECODE", "EXTEND"), (label, mode)
+
+
+def test_third_party_declaring_dsv4_decode_post_replay_moves_sglangs_decision(
+    installed: Any,
+) -> None:
+    sgl = _sgl()
+    runner, dsv4 = _runner(), leaf("dsv4", algorithm("none"))
+    assert runner._resolve_shared_read_ends(dsv4, sgl.mode.DECODE) is sgl.ends.IN_REPLAY
+    installed.register(Declares("sglang_dsv4", W.DECODE, SharedReadBoundary.POST_REPLAY), "late")
+    assert runner._resolve_shared_read_ends(dsv4, sgl.mode.DECODE) is sgl.ends.POST_REPLAY
+    assert dsv4.shared_read_ends(sgl.mode.DECODE) is sgl.ends.POST_REPLAY
+    # Both plugins are named: the later one stands.
+    res = warcore.resolve_shared_read_boundary("sglang_dsv4", W.DECODE, pm=installed)
+    assert dict(res.answers) == {
+        "sglang": SharedReadBoundary.IN_REPLAY,
+        "late": SharedReadBoundary.POST_REPLAY,
+    }
+    installed.unregister(name="late")
+    assert runner._resolve_shared_read_ends(dsv4, sgl.mode.DECODE) is sgl.ends.IN_REPLAY
+    assert "_warcore_sglang_sre" in vars(dsv4)  # the per-instance cache ...
+    warcore_sglang.uninstall()
+    assert "_warcore_sglang_sre" not in vars(dsv4)  # ... is taken off again
+
+
+def test_an_earlier_declaration_is_a_conflict_and_the_later_stands(installed: Any) -> None:
+    sgl = _sgl()
+    runner, dsv4 = _runner(), leaf("dsv4", algorithm("sglang_eagle"))
+    verify = sgl.mode.TARGET_VERIFY
+    assert runner._resolve_shared_read_ends(dsv4, verify) is sgl.ends.POST_REPLAY
+    early = Declares("sglang_dsv4", W.TARGET_VERIFY, SharedReadBoundary.PRE_REPLAY)
+    installed.register(early, "early")
+    assert runner._resolve_shared_read_ends(dsv4, verify) is sgl.ends.POST_REPLAY
+    ctx = warcore.BoundaryContext("sglang_eagle")
+    res = warcore.resolve_shared_read_boundary("sglang_dsv4", W.TARGET_VERIFY, ctx, pm=installed)
+    assert res.source == "default:conflict" and res.boundary is SharedReadBoundary.POST_REPLAY
+    problems = [p for p in find_problems(installed) if p.startswith("conflict:")]
+    assert any(
+        "'sglang_dsv4' mode TARGET_VERIFY: early=PRE_REPLAY, sglang=POST_REPLAY" in p
+        for p in problems
+    ), problems
+
+
+def test_a_raising_plugin_gives_unknown_and_clears_the_mailbox(installed: Any) -> None:
+    sgl = _sgl()
+    runner, trt = _runner(), leaf("trtllm_mha", algorithm("none"))
+    installed.register(Declares("sglang_trtllm_mha", W.DECODE, RuntimeError("boom")), "boom")
+    runner.model_runner.shared_read_done_event = "an event an earlier phase left"
+    assert runner._resolve_shared_read_ends(trt, sgl.mode.DECODE) is sgl.ends.UNKNOWN
+    assert runner.model_runner.shared_read_done_event is None
+    res = warcore.resolve_shared_read_boundary("sglang_trtllm_mha", W.DECODE, pm=installed)
+    assert res.source == "default:failed:boom"
+    # The lookup is cached: a second replay clears the mailbox again, without resolving.
+    runner.model_runner.shared_read_done_event = "again"
+    assert runner._resolve_shared_read_ends(trt, sgl.mode.DECODE) is sgl.ends.UNKNOWN
+    assert runner.model_runner.shared_read_done_event is None
+
+
+def test_a_stale_range_declaration_is_not_applied(installed: Any) -> None:
+    sgl = _sgl()
+    runner, trt = _runner(), leaf("trtllm_mha", algorithm("none"))
+    stale = Declared(SharedReadBoundary.PRE_REPLAY, "sglang>=0.6,<0.7")  # audited elsewhere
+    installed.register(Declares("sglang_trtllm_mha", W.DECODE, stale), "stale")
+    ends = runner._resolve_shared_read_ends(trt, sgl.mode.DECODE)
+    assert ends is not sgl.ends.PRE_REPLAY
+    assert ends is sgl.ends.UNKNOWN  # not applied: the coarse fence, whatever it claimed
+    res = warcore.resolve_shared_read_boundary("sglang_trtllm_mha", W.DECODE, pm=installed)
+    assert res.source == "stale:stale"
+    assert any(p.startswith("stale declaration: plugin 'stale'") for p in find_problems(installed))
+
+
+def test_install_refuses_an_sglang_outside_the_range(
+    pm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from warcore_sglang import _names
+    from warcore_sglang.activation import UnsupportedSglangError
+
+    points = _patched_points()
+    before = {(owner, attr): vars(owner)[attr] for owner, attr in points}
+    monkeypatch.setattr(_names, "SUPPORTED", "sglang>=0.6,<0.7")
+    with pytest.raises(UnsupportedSglangError, match=r"sglang 0\.5\.23 is installed"):
+        warcore_sglang.install()
+    assert not warcore_sglang.is_installed()
+    assert all(vars(o)[a] is before[(o, a)] for o, a in points)
+
+
+def test_force_coarse_and_vetoes_act_on_the_real_runner(installed: Any) -> None:
+    sgl = _sgl()
+    runner, trt = _runner(), leaf("trtllm_mha", algorithm("none"))
+    assert runner._resolve_shared_read_ends(trt, sgl.mode.DECODE) is sgl.ends.IN_REPLAY
+    installed.set_force_coarse(True)
+    assert runner._resolve_shared_read_ends(trt, sgl.mode.DECODE) is sgl.ends.UNKNOWN
+    installed.set_force_coarse(False)
+    assert runner._resolve_shared_read_ends(trt, sgl.mode.DECODE) is sgl.ends.IN_REPLAY
+
+    class VetoDecode:
+        @warcore.hookimpl
+        def warcore_fast_path_veto(self, forward_mode: Any, context: Any) -> str | None:
+            return "test veto" if forward_mode is W.DECODE else None
+
+    installed.register(VetoDecode(), "veto")
+    assert runner._resolve_shared_read_ends(trt, sgl.mode.DECODE) is sgl.ends.UNKNOWN
+    assert trt.shared_read_ends(sgl.mode.EXTEND) is sgl.ends.PRE_REPLAY  # not vetoed
+
+
+def test_the_prefill_gate_follows_warcore(installed: Any) -> None:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    sgl = _sgl()
+    fb = SimpleNamespace(forward_mode=sgl.mode.EXTEND)
+    for name, publishes in (("none", True), ("sglang_eagle", False), ("sglang_dspark", True)):
+        trt = leaf("trtllm_mha", algorithm(name))
+        want = sgl.ends.PRE_REPLAY if publishes else sgl.ends.UNKNOWN
+        for snapshot in (False, True):
+            got = trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8, build_snapshot=snapshot)
+            assert got is want, (name, snapshot)
+        assert algorithm(name).supports_prefill_shared_read_done() is publishes
+    # Not EXTEND: UNKNOWN, as sglang.
+    mixed = SimpleNamespace(forward_mode=sgl.mode.MIXED)
+    trt = leaf("trtllm_mha", algorithm("none"))
+    assert trt.resolve_prefill_shared_read_ends(mixed, num_qo_tokens=8) is sgl.ends.UNKNOWN
+
+    class VetoPrefill:
+        @warcore.hookimpl
+        def warcore_fast_path_veto(self, forward_mode: Any, context: Any) -> str | None:
+            return "test offload" if forward_mode is W.EXTEND else None
+
+    installed.register(VetoPrefill(), "veto")
+    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.UNKNOWN
+    installed.unregister(name="veto")
+
+    class NonePrefillOff:  # a plugin that says 'none' must not publish its prefill
+        @warcore.hookimpl
+        def warcore_is_war_publish_phase(self, algorithm: str, forward_mode: Any) -> Any:
+            return False if (algorithm, forward_mode) == ("none", W.EXTEND) else None
+
+    installed.register(NonePrefillOff(), "off")
+    assert SpeculativeAlgorithm.NONE.supports_prefill_shared_read_done() is False
+    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.UNKNOWN
+
+
+def test_sglangs_own_switches_still_apply_to_prefill(
+    installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sgl = _sgl()
+    fb = SimpleNamespace(forward_mode=sgl.mode.EXTEND)
+    trt = leaf("trtllm_mha", algorithm("none"))
+    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.PRE_REPLAY
+    monkeypatch.setenv("SGLANG_ENABLE_PREFILL_WAR_READ_DONE", "0")
+    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.UNKNOWN
+
+
+def test_the_event_owner_follows_warcore(installed: Any) -> None:
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
+
+    eagle = algorithm("sglang_eagle")
+    target = SimpleNamespace(spec_algorithm=eagle, shared_read_done_event="t")
+    draft = SimpleNamespace(shared_read_done_event="d")
+
+    def worker(klass: Any, with_draft: bool = True, staged: bool = False) -> Any:
+        drafter = SimpleNamespace(draft_runner=draft, last_draft_extend_staged=staged)
+        return bare(
+            klass,
+            _target_worker=SimpleNamespace(model_runner=target),
+            _draft_worker=drafter if with_draft else None,
+        )
+
+    assert worker(EAGLEWorkerV2).last_shared_read_runner is draft
+    assert worker(EAGLEWorkerV2, with_draft=False).last_shared_read_runner is target
+    assert worker(MultiLayerEagleWorkerV2).last_shared_read_runner is draft
+    assert worker(MultiLayerEagleWorkerV2, staged=True).last_shared_read_runner is target
+    plain_runner = SimpleNamespace(spec_algorithm=algorithm("none"), shared_read_done_event=None)
+    assert bare(TpModelWorker, _model_runner=plain_runner).last_shared_read_runner is plain_runner
+
+    class TargetOwns:  # disagrees with sglang's EAGLE worker: no owner, coarse barrier
+        @warcore.hookimpl
+        def warcore_step_event_owner(self, algorithm: str, facts: Any) -> str | None:
+            return "target" if algorithm == "sglang_eagle" else None
+
+    installed.register(TargetOwns(), "owner")
+    runner = worker(EAGLEWorkerV2).last_shared_read_runner
+    assert runner is not draft and runner is not target
+    assert runner.shared_read_done_event is None
+    assert target.shared_read_done_event is None and draft.shared_read_done_event is None
+    installed.unregister(name="owner")
+    assert worker(EAGLEWorkerV2).last_shared_read_runner is draft
+
+
+def test_a_backend_class_defined_after_install_is_patched_and_restored(
+    pm: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sgl = _sgl()
+    base = cls(A + "base_attn_backend.AttentionBackend")
+    warcore_sglang.install()
+    try:
+
+        class LateBackend(base):  # type: ignore[misc, valid-type]
+            def shared_read_ends(self, fm: Any) -> Any:
+                return sgl.ends.POST_REPLAY  # its own declaration
+
+        own = LateBackend.__dict__["shared_read_ends"]
+        assert LateBackend.__dict__["shared_read_ends"].__warcore_original__ is own.__wrapped__
+        late = bare(LateBackend, model_runner=SimpleNamespace(spec_algorithm=algorithm("none")))
+        with caplog.at_level(logging.WARNING, logger="warcore.sglang"):
+            assert late.shared_read_ends(sgl.mode.DECODE) is sgl.ends.POST_REPLAY
+        pm.set_force_coarse(True)
+        assert late.shared_read_ends(sgl.mode.DECODE) is sgl.ends.UNKNOWN
+        pm.set_force_coarse(False)
+    finally:
+        warcore_sglang.uninstall()
+    assert LateBackend.__dict__["shared_read_ends"].__name__ == "shared_read_ends"
+    assert not hasattr(LateBackend.__dict__["shared_read_ends"], "__warcore_original__")
+
+
+def test_the_registry_builder_tags_each_backend_with_its_name(installed: Any) -> None:
+    from sglang.srt.layers.attention.attention_registry import (
+        ATTENTION_BACKENDS,
+        register_attention_backend,
+    )
+    from sglang.srt.model_executor.model_runner_components import attention_backend_setup
+
+    trt_cls = cls(A + "trtllm_mha_backend.TRTLLMHAAttnBackend")
+
+    @register_attention_backend("warcore_test")
+    def _create(runner: Any) -> Any:  # an out-of-tree registration (sglang's own API)
+        return bare(trt_cls, model_runner=runner)
+
+    try:
+        runner = SimpleNamespace(spec_algorithm=algorithm("none"))
+        built = attention_backend_setup._build_full_attention_backend_from_str(
+            model_runner=runner, backend_str="warcore_test", init_new_workspace=False
+        )
+        assert built.__dict__["_warcore_sglang_name"] == "sglang_warcore_test"
+        from warcore_sglang.activation import identify
+
+        assert identify(built)[0] == "sglang_warcore_test"
+        # No class for that name in warcore-sglang's table: sglang's own answer stands.
+        sgl = _sgl()
+        assert built.shared_read_ends(sgl.mode.EXTEND) is sgl.ends.PRE_REPLAY
+    finally:
+        del ATTENTION_BACKENDS["warcore_test"]
+
+
+def test_identify_names_wrappers_and_their_children() -> None:
+    from warcore_sglang.activation import identify
+
+    algo = algorithm("sglang_eagle")
+    hyb = hybrid(leaf("trtllm_mha", algo), leaf("dsv4", algo), True)
+    name, ctx = identify(hyb)
+    assert name == "sglang_hybrid"
+    assert ctx.algorithm == "sglang_eagle"
+    assert dict(ctx.flags) == {
+        "sglang_hybrid_prefill": "trtllm_mha",
+        "sglang_hybrid_decode": "dsv4",
+        "sglang_spec_attn_is_decode": True,
+    }
+    trtllm_sub = cls(A + "deepseek_v4_trtllm_backend.DeepseekV4TrtllmAttnBackend")
+    assert identify(bare(trtllm_sub))[0] == "sglang_dsv4"  # inherits dsv4's declaration
+
+
+def test_the_rank_check_runs_after_each_scheduler_starts(pm: Any, tmp_path: Any) -> None:
+    import torch.distributed as dist
+    from sglang.srt.managers.scheduler import Scheduler
+    from warcore_sglang import activation
+
+    original = vars(Scheduler)["__init__"]
+    warcore_sglang.install(check_ranks=True)
+    try:
+        assert vars(Scheduler)["__init__"].__warcore_original__ is original
+        cells = activation.rank_cells()
+        assert {m for _, m, _ in cells} == {
+            W.EXTEND,
+            W.DECODE,
+            W.TARGET_VERIFY,
+            W.DRAFT_EXTEND_V2,
+        }
+        assert {"sglang_dsv4", "sglang_hybrid", "sglang_trtllm_mha"} <= {b for b, _, _ in cells}
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+        )
+        try:
+            activation._check_ranks(raise_on_mismatch=True)  # one rank: agrees with itself
+        finally:
+            dist.destroy_process_group()
+    finally:
+        warcore_sglang.uninstall()
+    assert vars(Scheduler)["__init__"] is original

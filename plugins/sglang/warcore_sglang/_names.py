@@ -1,0 +1,210 @@
+"""How sglang's names meet warcore's: the ``sglang_`` prefix, the classes behind each name, and
+the engine flags that describe a wrapper's children. Pure data: importing this imports nothing
+of sglang (nor torch).
+
+Backends. Every name in sglang's attention registry (``ATTENTION_BACKENDS``: ``dsv4``,
+``trtllm_mha``, ``fa3``, ...) is the warcore backend ``sglang_<name>``; sglang's wrappers and the
+backends they build around a registry backend have fixed names (:data:`WRAPPERS`,
+:data:`LEAVES`). The prefix keeps them apart from the reference engine's own backends
+(``trtllm_mha``, ``deepseek_v4``), which model sglang's (``BackendSpec.models``).
+
+Algorithms. ``SpeculativeAlgorithm.NONE`` is warcore's ``none`` (no speculation, engine-neutral);
+every other member ``M`` is ``sglang_<m>`` (``sglang_eagle``, ``sglang_dspark``, ...), and a
+custom algorithm registered through sglang's ``spec_registry`` under ``NAME`` is
+``sglang_<name>``.
+
+A registry name stands for the class its factory builds on CUDA (:data:`REGISTRY_CLASSES`): on
+HIP and NPU ``dsv4`` builds classes that keep the base declaration (TARGET_VERIFY IN_REPLAY,
+which the decode runner degrades to POST_REPLAY there, having no in-graph event).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BASE",
+    "FLAG_SPECS",
+    "LEAVES",
+    "PREFIX",
+    "REGISTRY_CLASSES",
+    "SUPPORTED",
+    "WRAPPERS",
+    "WrapperShape",
+    "algorithm_to_warcore",
+    "child_name",
+    "flag_value",
+    "warcore_name",
+]
+
+PREFIX = "sglang_"
+SRT = "sglang.srt."
+
+SUPPORTED = "sglang>=0.5.23,<0.5.24"
+"""The sglang releases whose code the declarations were read from and tested against: every
+answer is ``warcore.Declared(boundary, SUPPORTED)``, so another installed sglang makes them
+stale (not applied, reported by ``warcore check``), and :func:`warcore_sglang.install` refuses
+to patch it."""
+
+BASE = "sglang_base"
+"""``AttentionBackend`` itself: the base declaration every backend without its own inherits."""
+
+REGISTRY_CLASSES: dict[str, str] = {
+    "flashinfer": "layers.attention.flashinfer_backend:FlashInferAttnBackend",
+    "llada2_cfg_flashinfer": (
+        "layers.attention.llada2_cfg_flashinfer_backend:LLaDA2CFGFlashInferAttnBackend"
+    ),
+    "trtllm_mla": "layers.attention.trtllm_mla_backend:TRTLLMMLABackend",
+    "cutedsl_mla": "layers.attention.cutedsl_mla_backend:CuteDslMLABackend",
+    "aiter": "layers.attention.aiter_backend:AiterAttnBackend",
+    "wave": "layers.attention.wave_backend:WaveAttnBackend",
+    "ascend": "hardware_backend.npu.attention.ascend_backend:AscendAttnBackend",
+    "dsa": "layers.attention.dsa_backend:DeepseekSparseAttnBackend",
+    "qsa": "layers.attention.qwen_sparse_attn_backend:QwenSparseAttnBackend",
+    "nsa": "layers.attention.dsa_backend:DeepseekSparseAttnBackend",
+    "dsv4": "layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend",
+    "triton": "layers.attention.triton_backend:TritonAttnBackend",
+    "torch_native": "layers.attention.torch_native_backend:TorchNativeAttnBackend",
+    "flex_attention": "layers.attention.torch_flex_backend:TorchFlexAttnBackend",
+    "flashmla": "layers.attention.flashmla_backend:FlashMLABackend",
+    "fa3": "layers.attention.flashattention_backend:FlashAttentionBackend",
+    "fa4": "layers.attention.flashattention_backend:FlashAttentionBackend",
+    "trtllm_mha": "layers.attention.trtllm_mha_backend:TRTLLMHAAttnBackend",
+    "hpc_ops": "layers.attention.hpc_ops_backend:HPCOpsAttnBackend",
+    "intel_amx": "layers.attention.intel_amx_backend:IntelAMXAttnBackend",
+    "minicpm_flashattn": "layers.attention.minicpm.backend:MiniCPMSparseBackend",
+    "minicpm_flashinfer": "layers.attention.minicpm.backend:MiniCPMSparseBackend",
+    "intel_xpu": "layers.attention.xpu_backend:XPUAttentionBackend",
+}
+"""sglang 0.5.23's registry name -> the class its factory builds on CUDA (``module:Class``,
+relative to ``sglang.srt``). Which class *declares* is asked of that class (its MRO); the table
+only says which class a name builds (tests check each factory names its class)."""
+
+LEAVES: dict[str, str] = {
+    BASE: "layers.attention.base_attn_backend:AttentionBackend",
+    "sglang_dots_hybrid": "layers.attention.dots_hybrid_backend:DotsHybridAttnBackend",
+    "sglang_minimax_sparse": "layers.attention.minimax_sparse_backend:MiniMaxSparseAttnBackend",
+    "sglang_minimax_sparse_nvfp4": (
+        "layers.attention.minimax_sparse_nvfp4_backend:MiniMaxSparseNvfp4AttnBackend"
+    ),
+    "sglang_mamba2": "layers.attention.hybrid_linear_attn_backend:Mamba2AttnBackend",
+    "sglang_gdn": "layers.attention.linear.gdn_backend:GDNAttnBackend",
+    "sglang_kda": "layers.attention.linear.kda_backend:KDAAttnBackend",
+    "sglang_lightning": "layers.attention.linear.lightning_backend:LightningAttentionBackend",
+    "sglang_short_conv": "layers.attention.linear.short_conv_backend:ShortConvAttnBackend",
+}
+"""Backends sglang builds outside its registry (model-level wrappers' parts), and the base.
+``DotsHybridAttnBackend`` wraps two backends but declares nothing of its own (the base
+declaration, whatever its children): a leaf for warcore, as for sglang."""
+
+
+@dataclass(frozen=True)
+class WrapperShape:
+    """A wrapper class and the flags naming its children (by name, in the matrix)."""
+
+    name: str
+    cls: str
+    children: tuple[str, ...]
+    """One entry per child, in the order sglang's wrapper holds them: the flag that names it,
+    or ``=<warcore name>`` for a child that is always the same backend."""
+    selecting: bool = False
+    """The wrapper runs one child per mode (``_select_backend``), not all of them."""
+    description: str = ""
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return tuple(c for c in self.children if not c.startswith("="))
+
+
+WRAPPERS: dict[str, WrapperShape] = {
+    w.name: w
+    for w in (
+        WrapperShape(
+            "sglang_hybrid",
+            "layers.attention.hybrid_attn_backend:HybridAttnBackend",
+            ("sglang_hybrid_prefill", "sglang_hybrid_decode"),
+            selecting=True,
+            description="sglang's HybridAttnBackend: a prefill and a decode backend "
+            "(--prefill/--decode-attention-backend); verify on the decode one when "
+            "sglang_spec_attn_is_decode",
+        ),
+        WrapperShape(
+            "sglang_tbo",
+            "layers.attention.tbo_backend:TboAttnBackend",
+            ("sglang_tbo_child", "sglang_tbo_child", "sglang_tbo_child"),
+            description="sglang's TboAttnBackend (two-batch overlap): the latest of its "
+            "primary and two children, all built alike",
+        ),
+        WrapperShape(
+            "sglang_hybrid_linear",
+            "layers.attention.hybrid_linear_attn_backend:HybridLinearAttnBackend",
+            ("sglang_hybrid_linear_full", "sglang_hybrid_linear_linear"),
+            description="sglang's HybridLinearAttnBackend: the latest of its full-attention "
+            "and linear-attention backends",
+        ),
+        WrapperShape(
+            "sglang_dots_swa_mla",
+            "layers.attention.dots_hybrid_backend:DotsSWAMLAAttnBackend",
+            ("sglang_dots_swa_mla_backend",),
+            description="sglang's DotsSWAMLAAttnBackend: UNKNOWN for plain extend, else its "
+            "backend's",
+        ),
+        WrapperShape(
+            "sglang_minimax_hybrid",
+            "layers.attention.minimax_sparse_backend:MiniMaxHybridAttnBackend",
+            ("=sglang_minimax_sparse", "sglang_minimax_dense"),
+            description="sglang's MiniMaxHybridAttnBackend: the latest of its sparse "
+            "(MiniMaxSparseAttnBackend) and dense backends",
+        ),
+    )
+}
+"""sglang's composite backends. How each holds its children (attributes) is the oracle's
+business (:mod:`warcore_sglang._sglang`); here only which flags name them."""
+
+FLAG_SPECS: tuple[tuple[str, type, bool | str, str], ...] = (
+    ("sglang_hybrid_prefill", str, "flashinfer", "sglang_hybrid's prefill backend (sglang name)"),
+    ("sglang_hybrid_decode", str, "flashinfer", "sglang_hybrid's decode backend (sglang name)"),
+    (
+        "sglang_spec_attn_is_decode",
+        bool,
+        False,
+        "sglang_hybrid runs target-verify on its decode backend (sglang's "
+        "--speculative-attention-mode decode; its default, prefill, is false)",
+    ),
+    ("sglang_tbo_child", str, "flashinfer", "what sglang_tbo's primary and children are"),
+    ("sglang_hybrid_linear_full", str, "flashinfer", "sglang_hybrid_linear's full attention"),
+    ("sglang_hybrid_linear_linear", str, "mamba2", "sglang_hybrid_linear's linear attention"),
+    ("sglang_dots_swa_mla_backend", str, "flashinfer", "what sglang_dots_swa_mla wraps"),
+    ("sglang_minimax_dense", str, "flashinfer", "sglang_minimax_hybrid's dense backend"),
+)
+"""(name, kind, default, description) of the engine flags warcore-sglang reads; turned into
+``warcore.FlagSpec`` by the plugin's ``warcore_engine_flags``. A backend is named by its
+sglang name (``dsv4``, ``hybrid``, ``mamba2``) or its warcore name (``sglang_dsv4``)."""
+
+_DEFAULTS = {name: default for name, _, default, _ in FLAG_SPECS}
+
+
+def warcore_name(sglang_name: str) -> str:
+    """``dsv4`` -> ``sglang_dsv4`` (a name already prefixed is kept)."""
+    return sglang_name if sglang_name.startswith(PREFIX) else PREFIX + sglang_name
+
+
+def child_name(value: object) -> str:
+    """A flag's backend value as a warcore backend name."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a backend flag needs a backend name, got {value!r}")
+    return warcore_name(value.strip())
+
+
+def flag_value(flags: tuple[tuple[str, object], ...], name: str) -> object:
+    """``context.flags``' value for ``name``, or its declared default."""
+    for key, value in flags:
+        if key == name:
+            return value
+    return _DEFAULTS[name]
+
+
+def algorithm_to_warcore(member_name: str) -> str:
+    """sglang's algorithm name (``EAGLE``, ``NONE``, a custom ``MY_SPEC``) -> warcore's."""
+    lower = member_name.strip().lower()
+    return "none" if lower == "none" else PREFIX + lower

@@ -1,0 +1,164 @@
+"""``python -m warcore_sglang.bench``: sglang's per-execute resolution against warcore's lookup.
+
+``DecodeCudaGraphRunner.execute`` resolves where the forward's shared reads end on every
+replay: sglang 0.5.23 calls ``_resolve_shared_read_ends(attn_backend, mode)``, which asks the
+backend's ``shared_read_ends(mode)`` (through ``super()`` for ``trtllm_mha``). With warcore-sglang
+installed the same method is a dict lookup filled from warcore. This measures both, in one run,
+on the same objects: a bare ``DecodeCudaGraphRunner`` with an in-graph event and bare backends
+(``object.__new__``, the attributes the methods read), sglang's first, then ``install()``, then
+warcore's (its cache warmed by one call), then ``uninstall()``. Each case: the best of
+``--repeat`` runs of ``--calls`` calls, in ns per call, and warcore/sglang as a ratio (below 1:
+warcore's is faster).
+
+On a CPU-only machine sglang needs import-only stand-ins for triton and torchvision:
+``PYTHONPATH=plugins/sglang/tests/_boot python -m warcore_sglang.bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import timeit
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+__all__ = ["main", "measure"]
+
+
+def _cases() -> list[tuple[str, Any, Any]]:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
+    from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    def bare(cls: type, algo: Any) -> Any:
+        obj: Any = object.__new__(cls)
+        obj.model_runner = SimpleNamespace(spec_algorithm=algo)
+        return obj
+
+    eagle = SpeculativeAlgorithm.EAGLE
+    return [
+        ("base (AttentionBackend), DECODE", bare(AttentionBackend, eagle), ForwardMode.DECODE),
+        ("trtllm_mha, DECODE (super() path)", bare(TRTLLMHAAttnBackend, eagle), ForwardMode.DECODE),
+        (
+            "trtllm_mha, TARGET_VERIFY",
+            bare(TRTLLMHAAttnBackend, eagle),
+            ForwardMode.TARGET_VERIFY,
+        ),
+        (
+            "dsv4 under EAGLE, TARGET_VERIFY",
+            bare(DeepseekV4AttnBackend, eagle),
+            ForwardMode.TARGET_VERIFY,
+        ),
+    ]
+
+
+def _best(call: Any, calls: int, repeat: int) -> float:
+    return min(timeit.repeat(call, number=calls, repeat=repeat)) / calls * 1e9
+
+
+def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
+    """Run the benchmark; returns what ``--json`` writes."""
+    import sglang
+    import torch
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    import warcore
+    import warcore_sglang
+
+    if warcore_sglang.is_installed():
+        raise RuntimeError("uninstall warcore-sglang first: sglang's own code is measured first")
+    runner: Any = object.__new__(DecodeCudaGraphRunner)
+    runner.in_graph_metadata_prep_done = object()  # a planted in-graph event
+    runner.model_runner = SimpleNamespace(shared_read_done_event=None)
+    cases = _cases()
+    own: list[tuple[float, Any]] = []
+    for _, backend, mode in cases:
+        answer = runner._resolve_shared_read_ends(backend, mode)
+        own.append(
+            (
+                _best(
+                    lambda b=backend, m=mode: runner._resolve_shared_read_ends(b, m), calls, repeat
+                ),
+                answer,
+            )
+        )
+    warcore_sglang.install()
+    try:
+        results = []
+        for (label, backend, mode), (sglang_ns, sglang_answer) in zip(cases, own, strict=True):
+            answer = runner._resolve_shared_read_ends(backend, mode)  # resolves, fills the dict
+            warcore_ns = _best(
+                lambda b=backend, m=mode: runner._resolve_shared_read_ends(b, m), calls, repeat
+            )
+            results.append(
+                {
+                    "case": label,
+                    "sglang_ns": round(sglang_ns, 1),
+                    "warcore_ns": round(warcore_ns, 1),
+                    "ratio": round(warcore_ns / sglang_ns, 3),
+                    "sglang_answer": sglang_answer.name,
+                    "warcore_answer": answer.name,
+                }
+            )
+    finally:
+        warcore_sglang.uninstall()
+    ratios = [r["ratio"] for r in results]
+    return {
+        "benchmark": "sglang DecodeCudaGraphRunner._resolve_shared_read_ends: sglang 0.5.23's "
+        "own per-execute resolution vs warcore-sglang's installed lookup, same objects",
+        "calls": calls,
+        "repeat": repeat,
+        "cases": results,
+        "geomean_ratio": round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 3),
+        "max_ratio": max(ratios),
+        "warcore_not_slower": max(ratios) <= 1.0,
+        "versions": {
+            "sglang": sglang.__version__,
+            "warcore": warcore.__version__,
+            "warcore_sglang": warcore_sglang.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "machine": f"{platform.machine()}, {platform.processor() or '-'}, {platform.system()}",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m warcore_sglang.bench", description=__doc__)
+    parser.add_argument("--calls", type=int, default=200_000, help="calls per timing run")
+    parser.add_argument("--repeat", type=int, default=5, help="timing runs per case (best kept)")
+    parser.add_argument("--json", metavar="FILE", help="also write the result to FILE")
+    args = parser.parse_args(argv)
+    if args.calls < 1 or args.repeat < 1:
+        parser.error("--calls and --repeat must be at least 1")
+    result = measure(args.calls, args.repeat)
+    result["command"] = "python -m warcore_sglang.bench " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    width = max(len(c["case"]) for c in result["cases"])
+    print(f"{'case':<{width}}  sglang ns  warcore ns  ratio  answer")
+    for c in result["cases"]:
+        same = (
+            c["sglang_answer"]
+            if c["sglang_answer"] == c["warcore_answer"]
+            else (f"{c['sglang_answer']} -> {c['warcore_answer']}")
+        )
+        print(
+            f"{c['case']:<{width}}  {c['sglang_ns']:>9.1f}  {c['warcore_ns']:>10.1f}  "
+            f"{c['ratio']:>5.3f}  {same}"
+        )
+    print(f"geometric mean ratio {result['geomean_ratio']}, max {result['max_ratio']}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
