@@ -60,21 +60,7 @@ class Registry:
     def _collect(
         self, pm: WarcorePluginManager, hook: str, kind: type[S], label: str
     ) -> dict[str, Offer[S]]:
-        offered: dict[str, list[Offer[S]]] = {}
-        for impl in getattr(pm.hook, hook).get_hookimpls():
-            try:
-                result = impl.function()
-                specs = [] if result is None else list(result)
-                for spec in specs:
-                    if not isinstance(spec, kind):
-                        raise TypeError(f"returned {spec!r}, expected {kind.__name__}")
-            except Exception as exc:
-                problem = f"plugin {impl.plugin_name!r} hook {hook!r} failed: {exc}"
-                self.problems.append(problem)
-                _log_failure(pm, impl.plugin_name, hook, exc, problem)
-                continue
-            for spec in specs:
-                offered.setdefault(spec.name, []).append(Offer(spec, impl.plugin_name))
+        offered = self._offers(pm, hook, kind)
         offers: dict[str, Offer[S]] = {}
         for name, candidates in sorted(offered.items()):
             if len(candidates) == 1:
@@ -102,6 +88,28 @@ class Registry:
             pm.log_once(("duplicate", label, name, who), logging.ERROR, message)
         return offers
 
+    def _offers(
+        self, pm: WarcorePluginManager, hook: str, kind: type[S]
+    ) -> dict[str, list[Offer[S]]]:
+        """Every plugin's specs from ``hook``, by name; a plugin whose hook fails or returns
+        something else is a problem and offers nothing."""
+        offered: dict[str, list[Offer[S]]] = {}
+        for impl in getattr(pm.hook, hook).get_hookimpls():
+            try:
+                result = impl.function()
+                specs = [] if result is None else list(result)
+                for spec in specs:
+                    if not isinstance(spec, kind):
+                        raise TypeError(f"returned {spec!r}, expected {kind.__name__}")
+            except Exception as exc:
+                problem = f"plugin {impl.plugin_name!r} hook {hook!r} failed: {exc}"
+                self.problems.append(problem)
+                _log_failure(pm, impl.plugin_name, hook, exc, problem)
+                continue
+            for spec in specs:
+                offered.setdefault(spec.name, []).append(Offer(spec, impl.plugin_name))
+        return offered
+
     def backend(self, name: str) -> BackendSpec:
         return self._lookup(self.backends, "backend", name).spec
 
@@ -110,22 +118,7 @@ class Registry:
 
     def _collect_flags(self, pm: WarcorePluginManager) -> dict[str, Offer[FlagSpec]]:
         flags = {name: Offer(spec, BUILTIN_PLUGIN_NAME) for name, spec in CORE_FLAGS.items()}
-        offered: dict[str, list[Offer[FlagSpec]]] = {}
-        hook = "warcore_engine_flags"
-        for impl in getattr(pm.hook, hook).get_hookimpls():
-            try:
-                result = impl.function()
-                specs = [] if result is None else list(result)
-                for spec in specs:
-                    if not isinstance(spec, FlagSpec):
-                        raise TypeError(f"returned {spec!r}, expected FlagSpec")
-            except Exception as exc:
-                problem = f"plugin {impl.plugin_name!r} hook {hook!r} failed: {exc}"
-                self.problems.append(problem)
-                _log_failure(pm, impl.plugin_name, hook, exc, problem)
-                continue
-            for spec in specs:
-                offered.setdefault(spec.name, []).append(Offer(spec, impl.plugin_name))
+        offered = self._offers(pm, "warcore_engine_flags", FlagSpec)
         for name, candidates in sorted(offered.items()):
             core = flags.get(name)
             everyone = ([core] if core is not None else []) + candidates
