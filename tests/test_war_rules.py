@@ -556,3 +556,37 @@ def test_scoped_declarations_outside_their_range_are_not_applied(
 def test_a_malformed_range_fails_where_it_is_written() -> None:
     with pytest.raises(ValueError, match="invalid implementation range 'sglang>>1'"):
         Declared(B.IN_REPLAY, "sglang>>1")
+
+
+# -- a backend's own code failing in the new entry points ------------------------------------
+
+
+class _RaisingRefine(TorchNativeBackend):
+    name = "raising_refine"
+
+    def refine_prefill_boundary(self, batch: Any) -> SharedReadBoundary:
+        raise RuntimeError("refine boom")
+
+
+class _RaisingChildren(TorchNativeBackend):
+    name = "raising_children"
+
+    def children_for(self, forward_mode: ForwardMode, context: BoundaryContext) -> Any:
+        raise RuntimeError("children boom")
+
+
+@pytest.mark.parametrize("cls", [_RaisingRefine, _RaisingChildren])
+def test_a_raising_refinement_or_children_for_is_the_coarse_fence_not_a_crash(
+    cls: type[TorchNativeBackend],
+) -> None:
+    pm = make_plugin_manager(DeclaredBackend(cls, {M.EXTEND: B.PRE_REPLAY}), builtins="algorithms")
+    config = EngineConfig(backend=cls.name, model=TINY_MODEL, num_slots=1024)
+    with Engine(config, pm=pm) as engine:
+        report = engine.run(synthetic_trace(4, seed=1, output_len=(2, 3)))
+    assert not report.errors and report.stopped is None
+    assert report.published[(M.EXTEND, P.PRE_REPLAY)] == 0  # never earlier than declared
+    assert report.published[(M.EXTEND, P.NONE)] == report.forwards[M.EXTEND] > 0
+    if cls is _RaisingChildren:
+        d = _decide(pm, RunnerKind.DECODE, engine.runner.backend, M.DECODE)
+        assert d.record_point is P.NONE
+        assert d.source == "default:failed:backend:raising_children"

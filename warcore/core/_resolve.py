@@ -174,11 +174,22 @@ def _resolve(
     eager: bool,
     outer: tuple[int, ...],
 ) -> BoundaryResolution:
-    name, children = _backend_identity(pm, backend, mode, ctx)
+    name, children, failure = _backend_identity(pm, backend, mode, ctx)
     if id(backend) in outer:
         raise ValueError(f"backend {name!r} wraps itself (a wrapper is among its own children)")
     if pm.config.force_coarse:
         return BoundaryResolution(name, mode, ctx, SharedReadBoundary.UNKNOWN, "forced-coarse")
+    if failure is not None:
+        pm.log_once(
+            ("failed", failure.plugin, failure.hook, failure.error),
+            logging.WARNING,
+            f"{failure.plugin} {failure.hook} failed for mode {mode.name}: {failure.error}; "
+            "treated as UNKNOWN (coarse fence)",
+        )
+        source = f"default:failed:{failure.plugin}"
+        return BoundaryResolution(
+            name, mode, ctx, SharedReadBoundary.UNKNOWN, source, failures=(failure,)
+        )
     own = _declared(pm, backend, name, mode, ctx, eager, wrapper=bool(children))
     if not children:
         return own
@@ -480,29 +491,37 @@ def _backend_identity(
     backend: str | AttentionBackend,
     mode: ForwardMode,
     ctx: BoundaryContext,
-) -> tuple[str, tuple[Any, ...]]:
-    """The backend's name and the children whose shared reads run in ``mode``."""
+) -> tuple[str, tuple[Any, ...], PluginFailure | None]:
+    """The backend's name, the children whose shared reads run in ``mode``, and the failure
+    of a wrapper's ``children_for`` (the backend's own code, isolated like a hook)."""
     if isinstance(backend, str):
+        name = backend
         offer = get_registry(pm).backends.get(backend)
         compose = offer.spec.children_for if offer is not None else None
         if compose is None:
-            return backend, ()
-        names = tuple(compose(mode, ctx))
-        if backend in names:
-            raise ValueError(f"backend {backend!r} names itself among its children")
-        return backend, names
-    name = getattr(backend, "name", None)
-    if not isinstance(name, str):
-        raise TypeError(f"backend {backend!r} has no string 'name'")
-    children_for = getattr(backend, "children_for", None)
-    if callable(children_for):
-        children = tuple(children_for(mode, ctx))
+            return name, (), None
+        ask: Callable[[], Any] = lambda: compose(mode, ctx)  # noqa: E731
     else:
+        found = getattr(backend, "name", None)
+        if not isinstance(found, str):
+            raise TypeError(f"backend {backend!r} has no string 'name'")
+        name = found
+        children_for = getattr(backend, "children_for", None)
         legacy = getattr(backend, "children", None)
-        children = tuple(legacy()) if callable(legacy) else ()
-    if any(c is backend for c in children):
+        if callable(children_for):
+            ask = lambda: children_for(mode, ctx)  # noqa: E731
+        elif callable(legacy):
+            ask = legacy
+        else:
+            return name, (), None
+    try:
+        children = tuple(ask())
+    except Exception as exc:
+        failure = PluginFailure(f"backend:{name}", "children_for", f"{type(exc).__name__}: {exc}")
+        return name, (), failure
+    if any(c is backend or c == name for c in children):
         raise ValueError(f"backend {name!r} wraps itself (it is among its own children)")
-    return name, children
+    return name, children, None
 
 
 def _follows_contract(pm: WarcorePluginManager, backend: str | AttentionBackend) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from warcore.core import (
@@ -13,7 +14,7 @@ from warcore.core import (
     runner_kind_for,
 )
 from warcore.runners._runner import ModelRunner, StepOutput
-from warcore.runners.batch import StaticBatch, StepInput
+from warcore.runners.batch import ForwardBatch, StaticBatch, StepInput
 
 __all__ = ["EagerRunner"]
 
@@ -53,7 +54,7 @@ class EagerRunner:
         if (
             point is RecordPoint.PRE_REPLAY
             and decision.refines_per_batch
-            and r.backend.refine_prefill_boundary(replace(fb, host=step)) is not PRE
+            and _refined(r, replace(fb, host=step)) is not PRE
         ):
             point = RecordPoint.NONE
             decision = replace(decision, record_point=point, withdrawn=True)
@@ -76,3 +77,20 @@ class EagerRunner:
             if probe is not None:
                 probe.at_record_point(r, mode, point)
         return r.emit(step, fb, point)
+
+
+def _refined(runner: ModelRunner, batch: ForwardBatch) -> object:
+    """The backend's per-batch answer; a raising refinement withdraws the fast path for this
+    batch (the coarse fence) and is logged once, like a failing hook."""
+    try:
+        return runner.backend.refine_prefill_boundary(batch)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        name = runner.backend.name
+        runner.decisions.pm.log_once(
+            ("failed", f"backend:{name}", "refine_prefill_boundary", error),
+            logging.WARNING,
+            f"backend {name!r} refine_prefill_boundary failed: {error}; this prefill publishes "
+            "nothing (coarse fence)",
+        )
+        return None
