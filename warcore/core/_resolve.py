@@ -135,6 +135,18 @@ def _ask(
     return answers, failures
 
 
+def _log_failures(
+    pm: WarcorePluginManager, failures: list[PluginFailure], where: str, consequence: str
+) -> None:
+    """Each failure once per process per (plugin, hook, error), naming what it cost."""
+    for f in failures:
+        pm.log_once(
+            ("failed", f.plugin, f.hook, f.error),
+            logging.WARNING,
+            f"plugin {f.plugin!r} hook {f.hook!r} failed for {where}: {f.error}; {consequence}",
+        )
+
+
 def _source_of_answers(names: list[str]) -> str:
     return "plugin:" + "+".join(sorted(set(names)))
 
@@ -235,13 +247,7 @@ def _declared(
     values = [v for _, v in answers]
     if failures:
         boundary, source = SharedReadBoundary.UNKNOWN, f"default:failed:{failures[0].plugin}"
-        for f in failures:
-            pm.log_once(
-                ("failed", f.plugin, f.hook, f.error),
-                logging.WARNING,
-                f"plugin {f.plugin!r} hook {f.hook!r} failed for {where}: {f.error}; "
-                "treated as UNKNOWN (coarse fence)",
-            )
+        _log_failures(pm, failures, where, "treated as UNKNOWN (coarse fence)")
     elif stale:
         boundary, source = SharedReadBoundary.UNKNOWN, stale[0]
     elif len(set(values)) > 1:
@@ -330,13 +336,7 @@ def resolve_war_publish_phase(
     where = f"algorithm {algorithm!r}, mode {mode.name}"
     if failures:
         publishes, source = False, f"default:failed:{failures[0].plugin}"
-        for f in failures:
-            pm.log_once(
-                ("failed", f.plugin, f.hook, f.error),
-                logging.WARNING,
-                f"plugin {f.plugin!r} hook {f.hook!r} failed for {where}: {f.error}; "
-                "not publishing (coarse fence)",
-            )
+        _log_failures(pm, failures, where, "not publishing (coarse fence)")
     elif len(values) > 1:
         publishes, source = False, "default:conflict"
         who = ", ".join(f"{p}={v}" for p, v in answers)
@@ -412,14 +412,8 @@ def resolve_fast_path_veto(
         "a non-empty reason string",
     )
     vetoes.extend(answers)
-    for f in failures:
-        vetoes.append((f"failed:{f.plugin}", f.error))
-        pm.log_once(
-            ("failed", f.plugin, f.hook, f.error),
-            logging.WARNING,
-            f"plugin {f.plugin!r} hook {f.hook!r} failed for mode {mode.name}: {f.error}; "
-            "counted as a veto (coarse fence)",
-        )
+    vetoes.extend((f"failed:{f.plugin}", f.error) for f in failures)
+    _log_failures(pm, failures, f"mode {mode.name}", "counted as a veto (coarse fence)")
     return VetoResolution(mode, ctx, tuple(vetoes), tuple(failures))
 
 
@@ -460,13 +454,7 @@ def resolve_step_event_owner(
     owner: str | None
     if failures:
         owner, source = None, f"default:failed:{failures[0].plugin}"
-        for f in failures:
-            pm.log_once(
-                ("failed", f.plugin, f.hook, f.error),
-                logging.WARNING,
-                f"plugin {f.plugin!r} hook {f.hook!r} failed for algorithm {algorithm!r}: "
-                f"{f.error}; no event owner (coarse fence)",
-            )
+        _log_failures(pm, failures, f"algorithm {algorithm!r}", "no event owner (coarse fence)")
     elif len(values) > 1:
         owner, source = None, "default:conflict"
         who = ", ".join(f"{p}={v}" for p, v in answers)

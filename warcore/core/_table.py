@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from ._boundary import Execution, RecordPoint
 from ._decisions import decode_record_point, draft_extend_record_point, prefill_record_point
@@ -37,6 +37,9 @@ __all__ = [
     "get_decision_cache",
     "runner_kind_for",
 ]
+
+
+T = TypeVar("T")
 
 
 class RunnerKind(enum.Enum):
@@ -117,7 +120,7 @@ def decide(
     declared = resolve_shared_read_boundary(backend, forward_mode, context, eager=eager, pm=pm)
     publish = resolve_war_publish_phase(context.algorithm, forward_mode, pm=pm)
     veto = resolve_fast_path_veto(forward_mode, context, pm=pm)
-    if veto.vetoed or pm.config.force_coarse:
+    if veto.vetoed:
         point = RecordPoint.NONE
     elif kind in (RunnerKind.DECODE, RunnerKind.DRAFT_DECODE):
         # A draft decode publishes only where its algorithm's step says it is the last reader
@@ -175,31 +178,31 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
 
     def __missing__(self, key: int | DecisionKey) -> Decision:
         full = self._keys[key] if isinstance(key, int) else key
-        pm = self.pm
-        while True:
-            generation = pm.generation
-            decision = self.resolve(full)
-            # The manager bumps its generation before it clears the caches, so a check under
-            # the lock that clearing takes never stores a decision of an older plugin set.
-            with self._store_lock:
-                if pm.generation == generation:
-                    self[key] = decision
-                    return decision
+        return self._current(lambda: self.resolve(full), lambda d: self.__setitem__(key, d))
 
     def event_owner(self, algorithm: str, facts: StepFacts) -> OwnerResolution:
         """The step's event owner for (algorithm, facts), resolved once per plugin set."""
         key = (algorithm, facts)
         owner = self._owners.get(key)
         if owner is None:
-            pm = self.pm
-            while True:
-                generation = pm.generation
-                owner = resolve_step_event_owner(algorithm, facts, pm=pm)
-                with self._store_lock:
-                    if pm.generation == generation:
-                        self._owners[key] = owner
-                        break
+            owner = self._current(
+                lambda: resolve_step_event_owner(algorithm, facts, pm=self.pm),
+                lambda o: self._owners.__setitem__(key, o),
+            )
         return owner
+
+    def _current(self, resolve: Callable[[], T], store: Callable[[T], None]) -> T:
+        """Resolve and store, never storing what an older plugin set answered: the manager
+        bumps its generation before it clears the caches, so a check under the lock that
+        clearing takes sees every change that happened while resolving (and resolves again)."""
+        pm = self.pm
+        while True:
+            generation = pm.generation
+            value = resolve()
+            with self._store_lock:
+                if pm.generation == generation:
+                    store(value)
+                    return value
 
     def resolve(self, key: DecisionKey) -> Decision:
         """Resolve ``key`` through the plugins (subclasses may decide differently)."""
