@@ -96,6 +96,7 @@ ENV_CHECK_RANKS = "WARCORE_SGLANG_CHECK_RANKS"
 logger = logging.getLogger("warcore.sglang")
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
 _MISSING = object()
 _SRE = "_warcore_sglang_sre"
 _PREFILL = "_warcore_sglang_prefill"
@@ -953,7 +954,10 @@ def sglang_plugin() -> None:
     try:
         flag = os.environ.get(ENV_ACTIVATE, "").strip().lower()
         if flag not in _TRUE:
-            logger.info(
+            # A value that is neither on nor off is an operator's mistake: say so loudly.
+            level = logging.INFO if flag in _FALSE else logging.WARNING
+            logger.log(
+                level,
                 "warcore-sglang: not activated in process %d (%s=%r; set it to 1, or launch "
                 "with python -m warcore_sglang.launch_server)",
                 os.getpid(),
