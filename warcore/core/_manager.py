@@ -178,13 +178,15 @@ class PluginInfo:
 
 
 def _source_path(plugin: object) -> str | None:
-    try:
-        return inspect.getfile(plugin)  # type: ignore[arg-type]
-    except TypeError:
+    """The file the plugin (a module or class, else its class) was defined in; ``None`` where
+    there is none: a built-in, or code typed into ``python -c``, a REPL or a notebook cell
+    (``inspect`` raises ``OSError`` for a class of ``__main__`` without a file)."""
+    for candidate in (plugin, type(plugin)):
         try:
-            return inspect.getfile(type(plugin))
-        except TypeError:
-            return None
+            return inspect.getfile(candidate)  # type: ignore[arg-type]
+        except (TypeError, OSError):
+            continue
+    return None
 
 
 class WarcorePluginManager(pluggy.PluginManager):
