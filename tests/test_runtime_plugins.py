@@ -13,6 +13,7 @@ whose hooks keep changing the plugin set.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -49,6 +50,11 @@ status = main(["plugins", "--json"])
 """
 
 
+_ENV = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")} | {
+    "WARCORE_PLUGINS": ""  # the core's built-ins only
+}
+
+
 def _listed(stdout: str) -> tuple[list[str], dict[str, dict[str, object]]]:
     first, _, rest = stdout.partition("\n")
     return json.loads(first), {p["name"]: p for p in json.loads(rest)["plugins"]}
@@ -60,7 +66,7 @@ def test_a_plugin_defined_in_python_c_registers_resolves_and_is_listed_without_a
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "WARCORE_PLUGINS": ""},
+        env=_ENV,
     )
     assert done.returncode == 0, done.stderr
     resolved, plugins = _listed(done.stdout)
@@ -84,7 +90,7 @@ def test_a_plugin_typed_into_a_repl_registers_and_is_listed_without_a_path() -> 
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "WARCORE_PLUGINS": ""},
+        env=_ENV,
     )
     assert "Traceback" not in done.stderr, done.stderr
     resolved, plugins = _listed(done.stdout)
