@@ -116,7 +116,8 @@ def _ask(
         if taking_eager is not None and ("eager" in impl.argnames) is not taking_eager:
             continue
         try:
-            value = impl.function(**{name: kwargs[name] for name in impl.argnames})
+            args = {name: kwargs[name] for name in impl.argnames}
+            value = pm.call_as(impl.plugin_name, hook, impl.function, **args)
         except Exception as exc:
             failures.append(PluginFailure(impl.plugin_name, hook, f"{type(exc).__name__}: {exc}"))
             continue
