@@ -63,6 +63,8 @@ from ._steps import (
     step_of,
 )
 from ._table import (
+    MAX_RESOLUTIONS,
+    UNSETTLED_RESOLUTIONS,
     Decision,
     DecisionCache,
     DecisionKey,
@@ -102,6 +104,8 @@ __all__ = [
     "ENV_PLUGINS",
     "ENV_STRICT_PLUGINS",
     "KNOWN_FAMILIES",
+    "MAX_RESOLUTIONS",
+    "UNSETTLED_RESOLUTIONS",
     "NCCL_ALLGATHER_IN_OVERLAP",
     "AlgorithmSpec",
     "BackendSpec",
