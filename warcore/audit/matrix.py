@@ -231,9 +231,9 @@ def _row_issues(row: MatrixRow) -> Iterator[tuple[str, str]]:
             "not publishing",
             phase,
         )
-    for failure in row.declared.failures:
-        yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", cell
-    for resolution in _with_children(row.declared):
+    for resolution in _with_children(row.declared):  # a wrapper's children's too
+        for failure in resolution.failures:
+            yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", cell
         if resolution.source.startswith("stale:"):
             yield (
                 f"stale declaration: plugin {resolution.source[len('stale:') :]!r} declares "

@@ -179,25 +179,30 @@ def resolve_shared_read_boundary(
     return _resolve(pm, backend, mode, ctx, eager, ())
 
 
+_Path = tuple[tuple[object, str, str], ...]
+"""The wrappers above a backend being resolved: (identity, name, owner) of each."""
+
+
 def _resolve(
     pm: WarcorePluginManager,
     backend: str | AttentionBackend,
     mode: ForwardMode,
     ctx: BoundaryContext,
     eager: bool,
-    outer: tuple[int, ...],
+    outer: _Path,
 ) -> BoundaryResolution:
-    name, children, failure = _backend_identity(pm, backend, mode, ctx)
-    if id(backend) in outer:
-        raise ValueError(f"backend {name!r} wraps itself (a wrapper is among its own children)")
+    name, children, failure, owner = _backend_identity(pm, backend, mode, ctx)
     if pm.config.force_coarse:
         return BoundaryResolution(name, mode, ctx, SharedReadBoundary.UNKNOWN, "forced-coarse")
+    inner = (*outer, (_identity(backend), name, owner))
+    if failure is None:
+        failure = _cycle(children, inner)
     if failure is not None:
         pm.log_once(
             ("failed", failure.plugin, failure.hook, failure.error),
             logging.WARNING,
-            f"{failure.plugin} {failure.hook} failed for mode {mode.name}: {failure.error}; "
-            "treated as UNKNOWN (coarse fence)",
+            f"{failure.plugin} {failure.hook} failed for backend {name!r}, mode {mode.name}: "
+            f"{failure.error}; treated as UNKNOWN (coarse fence)",
         )
         source = f"default:failed:{failure.plugin}"
         return BoundaryResolution(
@@ -206,7 +211,6 @@ def _resolve(
     own = _declared(pm, backend, name, mode, ctx, eager, wrapper=bool(children))
     if not children:
         return own
-    inner = (*outer, id(backend))
     resolved = tuple(_resolve(pm, c, mode, ctx, eager, inner) for c in children)
     parts = resolved if own.source == "default:no-answer" else (own, *resolved)
     boundary = latest(r.boundary for r in parts)
@@ -214,6 +218,29 @@ def _resolve(
     return BoundaryResolution(
         name, mode, ctx, boundary, decider.source, own.answers, own.failures, resolved
     )
+
+
+def _identity(backend: object) -> object:
+    """What makes two backends of a wrapper tree the same one: a name is compared by value
+    (``children_for`` builds names at run time), a built backend by identity."""
+    return backend if isinstance(backend, str) else id(backend)
+
+
+def _cycle(children: tuple[Any, ...], path: _Path) -> PluginFailure | None:
+    """A child that is one of the wrappers on ``path`` (itself included): a cycle, the fault
+    of the plugins that offer the wrappers on it. Described the same from wherever it is
+    entered, so ``check`` shows one cycle once."""
+    keys = [key for key, _, _ in path]
+    for child in children:
+        if _identity(child) in keys:
+            loop = path[keys.index(_identity(child)) :]
+            names = [n for _, n, _ in loop]
+            first = names.index(min(names))
+            names = names[first:] + names[:first]
+            owners = "+".join(sorted({o for _, _, o in loop}))
+            shape = " -> ".join([*names, names[0]])
+            return PluginFailure(owners, "children_for", f"wrapper backends form a cycle: {shape}")
+    return None
 
 
 def _declared(
@@ -480,21 +507,24 @@ def _backend_identity(
     backend: str | AttentionBackend,
     mode: ForwardMode,
     ctx: BoundaryContext,
-) -> tuple[str, tuple[Any, ...], PluginFailure | None]:
-    """The backend's name, the children whose shared reads run in ``mode``, and the failure
-    of a wrapper's ``children_for`` (the backend's own code, isolated like a hook)."""
+) -> tuple[str, tuple[Any, ...], PluginFailure | None, str]:
+    """The backend's name, the children whose shared reads run in ``mode``, the failure of a
+    wrapper's ``children_for`` (a raise, or a child that is neither a backend name nor a
+    backend), and who answers for that code: the plugin offering the spec for a name,
+    ``backend:<name>`` for a built backend's own method."""
     if isinstance(backend, str):
         name = backend
         offer = get_registry(pm).backends.get(backend)
         compose = offer.spec.children_for if offer is not None else None
-        if compose is None:
-            return name, (), None
+        if offer is None or compose is None:
+            return name, (), None, f"backend:{name}"
+        owner = offer.plugin
         ask: Callable[[], Any] = lambda: compose(mode, ctx)  # noqa: E731
     else:
         found = getattr(backend, "name", None)
         if not isinstance(found, str):
             raise TypeError(f"backend {backend!r} has no string 'name'")
-        name = found
+        name, owner = found, f"backend:{found}"
         children_for = getattr(backend, "children_for", None)
         legacy = getattr(backend, "children", None)
         if callable(children_for):
@@ -502,15 +532,22 @@ def _backend_identity(
         elif callable(legacy):
             ask = legacy
         else:
-            return name, (), None
+            return name, (), None, owner
     try:
-        children = tuple(ask())
+        answer = pm.call_as(owner, "children_for", ask)
+        if isinstance(answer, str):
+            raise TypeError(f"returned the string {answer!r}, not a sequence of backend names")
+        children = tuple(answer)
     except Exception as exc:
-        failure = PluginFailure(f"backend:{name}", "children_for", f"{type(exc).__name__}: {exc}")
-        return name, (), failure
-    if any(c is backend or c == name for c in children):
-        raise ValueError(f"backend {name!r} wraps itself (it is among its own children)")
-    return name, children, None
+        return name, (), PluginFailure(owner, "children_for", f"{type(exc).__name__}: {exc}"), owner
+    for child in children:
+        if not isinstance(child, str) and not isinstance(getattr(child, "name", None), str):
+            error = (
+                f"named {child!r} ({type(child).__name__}) as a child of {name!r}: not a "
+                "backend name or a backend"
+            )
+            return name, (), PluginFailure(owner, "children_for", error), owner
+    return name, children, None, owner
 
 
 def _follows_contract(pm: WarcorePluginManager, backend: str | AttentionBackend) -> bool:
