@@ -117,7 +117,9 @@ class WarcoreSpecs:
         staged for the next step. Return ``None`` for algorithms that are not yours; nobody
         answering means the owner the algorithm's :class:`~warcore.StepSpec` declares (the
         runner of its last reader), else ``"target"``. Raising, answering anything else, or
-        plugins disagreeing means no owner: the barrier takes the coarse fence.
+        plugins disagreeing means no owner: the barrier takes the coarse fence. An answer for
+        an algorithm another plugin defines never overrides that plugin's: its step's owner
+        counts as its answer, and a disagreement is no owner.
 
         Example plugin::
 
@@ -149,6 +151,8 @@ class WarcoreSpecs:
         no answer, an algorithm whose :class:`~warcore.AlgorithmSpec` has a ``step`` answers
         from it (its last readers' modes), others ``False``; you need this hook only where the
         step cannot say it, and ``warcore check`` reports an answer that contradicts the step.
+        An answer for an algorithm another plugin defines never overrides that plugin's: its
+        step counts as its answer, and a disagreement is a conflict (``False``).
 
         Example plugin::
 

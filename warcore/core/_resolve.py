@@ -348,6 +348,9 @@ def resolve_war_publish_phase(
     Anything doubtful (failures, disagreement) resolves to ``False``: not publishing keeps the
     coarse fence, which is always safe. With no answer at all, an algorithm that declares a
     :class:`~warcore.StepSpec` answers from it (``step:<plugin>``); others resolve to ``False``.
+    A plugin answering for an algorithm that another plugin defines by its step alone does
+    not override the step: the step counts as its definer's answer, and a disagreement is a
+    conflict (``False``).
     """
     pm = pm if pm is not None else get_plugin_manager()
     mode = ForwardMode.parse(forward_mode)
@@ -360,6 +363,9 @@ def resolve_war_publish_phase(
         lambda v: isinstance(v, bool),
         "bool",
     )
+    stepped = _declared_step(pm, algorithm)
+    if stepped is not None:
+        answers += _step_answer(answers, stepped[1], mode in stepped[0].publish_modes)
     values = {v for _, v in answers}
     where = f"algorithm {algorithm!r}, mode {mode.name}"
     if failures:
@@ -374,15 +380,28 @@ def resolve_war_publish_phase(
             f"plugins disagree on {where}: {who}; not publishing (coarse fence)",
         )
     elif values:
-        publishes, source = values.pop(), _source_of_answers([p for p, _ in answers])
+        publishes, source = values.pop(), _source_of_answers(_hook_answerers(answers))
     else:
         # Nobody answers: an algorithm that declares its step answers from it (issue 14).
-        stepped = _declared_step(pm, algorithm)
         if stepped is None:
             publishes, source = False, "default:no-answer"
         else:
             publishes, source = mode in stepped[0].publish_modes, f"step:{stepped[1]}"
     return PublishResolution(algorithm, mode, publishes, source, tuple(answers), tuple(failures))
+
+
+def _step_answer(answers: list[tuple[str, Any]], definer: str, says: Any) -> list[tuple[str, Any]]:
+    """What the algorithm's own step says, as an answer of the plugin that defines it, where
+    other plugins answer a hook about the algorithm and its definer's hook does not: another
+    plugin's answer never overrides the algorithm's own, it conflicts with it (issue 17)."""
+    if not answers or any(plugin == definer for plugin, _ in answers):
+        return []
+    return [(f"step:{definer}", says)]
+
+
+def _hook_answerers(answers: list[tuple[str, Any]]) -> list[str]:
+    """The plugins that answered a hook (a step that agrees with them is not one)."""
+    return [p for p, _ in answers if not p.startswith("step:")]
 
 
 def _declared_step(pm: WarcorePluginManager, algorithm: str) -> tuple[StepSpec, str] | None:
@@ -466,7 +485,8 @@ def resolve_step_event_owner(
 ) -> OwnerResolution:
     """Resolve the step's event owner; nobody answering → the owner the algorithm's
     :class:`~warcore.StepSpec` declares (``step:<plugin>``), else ``"target"`` (sglang's
-    default)."""
+    default). Another plugin's answer for an algorithm defined by its step alone counts beside
+    the step's owner: if they disagree, no owner (the coarse fence)."""
     pm = pm if pm is not None else get_plugin_manager()
     facts = facts if facts is not None else StepFacts()
     if not isinstance(facts, StepFacts):
@@ -478,6 +498,9 @@ def resolve_step_event_owner(
         lambda v: v in EVENT_OWNERS,
         " or ".join(repr(o) for o in EVENT_OWNERS),
     )
+    stepped = _declared_step(pm, algorithm)  # the step's last reader's runner (issue 14)
+    if stepped is not None:
+        answers += _step_answer(answers, stepped[1], stepped[0].owner)
     values = {v for _, v in answers}
     owner: str | None
     if failures:
@@ -492,9 +515,8 @@ def resolve_step_event_owner(
             f"plugins disagree on the event owner of {algorithm!r}: {who}; no owner (coarse)",
         )
     elif values:
-        owner, source = values.pop(), _source_of_answers([p for p, _ in answers])
+        owner, source = values.pop(), _source_of_answers(_hook_answerers(answers))
     else:
-        stepped = _declared_step(pm, algorithm)  # the step's last reader's runner (issue 14)
         if stepped is None:
             owner, source = "target", "default:target"
         else:
