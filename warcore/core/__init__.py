@@ -25,7 +25,7 @@ from ._manager import (
     get_plugin_manager,
     reset_plugin_manager,
 )
-from ._modes import CAPTURED_MODES, ForwardMode
+from ._modes import CAPTURED_MODES, CONTRACT_MODES, ForwardMode
 from ._registry import DuplicateNameError, Registry, UnknownNameError, get_registry
 from ._resolve import (
     BoundaryResolution,
@@ -87,6 +87,7 @@ __all__ = [
     "step_of",
     "BUILTIN_PLUGIN_NAME",
     "CAPTURED_MODES",
+    "CONTRACT_MODES",
     "CORE_FLAGS",
     "FlagSpec",
     "EVENT_OWNERS",

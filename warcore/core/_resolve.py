@@ -22,7 +22,7 @@ from ._manager import (
     WarcorePluginManager,
     get_plugin_manager,
 )
-from ._modes import CAPTURED_MODES, ForwardMode
+from ._modes import CAPTURED_MODES, CONTRACT_MODES, ForwardMode
 from ._registry import get_registry
 from ._scope import stale_reason
 from ._specs import EVENT_OWNERS, BoundaryContext, StepFacts
@@ -43,8 +43,6 @@ __all__ = [
     "resolve_war_publish_phase",
 ]
 
-_CONTRACT_MODES = frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY})
-
 
 @dataclass(frozen=True)
 class PluginFailure:
@@ -59,7 +57,8 @@ class PluginFailure:
 class BoundaryResolution:
     """The resolved boundary of (backend, mode, context) and where it came from.
 
-    ``source`` is one of ``plugin:<name>``, ``default:contract``, ``default:no-answer``,
+    ``source`` is one of ``plugin:<name>``, ``contract:<name>`` (the backend's spec declares
+    that it follows the metadata contract in this mode), ``default:no-answer``,
     ``default:failed:<name>``, ``default:conflict``, ``forced-coarse``; a wrapper backend
     carries its children's resolutions and the source of the child that decided.
     """
@@ -295,8 +294,8 @@ def _declared(
             boundary, source = SharedReadBoundary.UNKNOWN, graph.source
         else:
             boundary, source = SharedReadBoundary.POST_REPLAY, "default:eager"
-    elif not wrapper and mode in _CONTRACT_MODES and _follows_contract(pm, backend):
-        boundary, source = SharedReadBoundary.IN_REPLAY, "default:contract"
+    elif not wrapper and (declarer := _contract_declarer(pm, name, mode)) is not None:
+        boundary, source = SharedReadBoundary.IN_REPLAY, f"contract:{declarer}"
     else:
         boundary, source = SharedReadBoundary.UNKNOWN, "default:no-answer"
         pm.log_once(
@@ -572,10 +571,13 @@ def _backend_identity(
     return name, children, None, owner
 
 
-def _follows_contract(pm: WarcorePluginManager, backend: str | AttentionBackend) -> bool:
-    """The metadata contract covers AttentionBackend instances and registered backend names."""
-    from warcore.attention import AttentionBackend
-
-    if isinstance(backend, AttentionBackend):
-        return True
-    return isinstance(backend, str) and backend in get_registry(pm).backends
+def _contract_declarer(pm: WarcorePluginManager, name: str, mode: ForwardMode) -> str | None:
+    """The plugin whose :class:`BackendSpec` for ``name`` declares that the backend follows
+    the metadata contract in ``mode`` (``BackendSpec.follows_contract``); ``None``: nobody
+    does, and being an ``AttentionBackend`` is no declaration (sglang #37936)."""
+    if mode not in CONTRACT_MODES:
+        return None
+    offer = get_registry(pm).backends.get(name)
+    if offer is None or mode not in offer.spec.follows_contract:
+        return None
+    return offer.plugin
