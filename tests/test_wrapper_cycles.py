@@ -118,31 +118,24 @@ def test_broken_wrappers_are_coarse_blamed_on_their_plugin_and_nothing_else_chan
         assert sum(what in p for p in problems) == 1, (what, problems)
 
 
-def test_a_built_wrapper_that_is_its_own_child_or_names_none_is_coarse() -> None:
-    class SelfWrapping(TorchNativeBackend):
-        name = "wctest_self_wrapping"
+def test_a_built_wrapper_whose_children_for_names_none_is_coarse() -> None:
+    """(A built wrapper that is its own child: tests/test_bad_input.py.)"""
+
+    class NoneChild(TorchNativeBackend):
+        name = "wctest_none_child_object"
 
         def __init__(self) -> None:  # no pool needed: only resolved, never run
             pass
 
-        def children(self) -> tuple[TorchNativeBackend, ...]:
-            return (self,)
-
-    class NoneChild(SelfWrapping):
-        name = "wctest_none_child_object"
-
         def children_for(self, forward_mode: ForwardMode, context: BoundaryContext) -> Any:
             return (None,)
 
-    pm = make_plugin_manager()
-    for backend, why in [
-        (SelfWrapping(), "wrapper backends form a cycle: wctest_self_wrapping"),
-        (NoneChild(), "named None (NoneType) as a child of 'wctest_none_child_object'"),
-    ]:
-        resolved = resolve_shared_read_boundary(backend, ForwardMode.DECODE, pm=pm)
-        assert resolved.boundary is SharedReadBoundary.UNKNOWN
-        assert resolved.source == f"default:failed:backend:{backend.name}"
-        assert why in resolved.failures[0].error
+    resolved = resolve_shared_read_boundary(NoneChild(), ForwardMode.DECODE)
+    assert (resolved.boundary, resolved.source) == (
+        SharedReadBoundary.UNKNOWN,
+        "default:failed:backend:wctest_none_child_object",
+    )
+    assert "named None (NoneType) as a child" in resolved.failures[0].error
 
 
 def test_a_wrapper_over_the_same_backend_twice_is_no_cycle() -> None:
