@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import warcore
-from warcore import AlgorithmSpec, BackendSpec, ForwardMode
+from warcore import CONTRACT_MODES, AlgorithmSpec, BackendSpec, ForwardMode
 from warcore.attention import AttentionBackend, declare_shared_read
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.engine import ModelConfig
@@ -104,7 +104,14 @@ class PeekingAlgorithm:
             self.pool = kwargs["pool"]
             return PeekNative(**kwargs)
 
-        return [BackendSpec("peek_native", make, "torch_native, handing its pool over")]
+        return [
+            BackendSpec(
+                "peek_native",
+                make,
+                "torch_native, handing its pool over",
+                follows_contract=CONTRACT_MODES,  # torch_native's code
+            )
+        ]
 
     @warcore.hookimpl
     def warcore_speculative_algorithms(self) -> Iterable[AlgorithmSpec]:

@@ -327,7 +327,7 @@ def test_a_context_that_is_not_a_boundary_context_is_named(context: object) -> N
         resolve_shared_read_boundary("torch_native", "DECODE", context)  # type: ignore[arg-type]
 
 
-def test_a_wrapper_backend_that_is_its_own_child_is_named() -> None:
+def test_a_wrapper_backend_that_is_its_own_child_is_named_and_coarse() -> None:
     from warcore import resolve_shared_read_boundary
     from warcore.attention.torch_native import TorchNativeBackend
 
@@ -340,8 +340,10 @@ def test_a_wrapper_backend_that_is_its_own_child_is_named() -> None:
         def children(self) -> tuple[TorchNativeBackend, ...]:
             return (self,)
 
-    with pytest.raises(ValueError, match="'self_wrapping' wraps itself"):
-        resolve_shared_read_boundary(SelfWrapping(), "DECODE")
+    # Issue 17: not an error that breaks the tools, the coarse fence naming the cycle.
+    resolved = resolve_shared_read_boundary(SelfWrapping(), "DECODE")
+    assert resolved.source == "default:failed:backend:self_wrapping"
+    assert "cycle: self_wrapping -> self_wrapping" in resolved.failures[0].error
 
 
 def test_latest_of_a_string_names_the_string() -> None:

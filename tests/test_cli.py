@@ -127,7 +127,7 @@ def test_matrix_torch_native_extend_publishes_nothing(
     assert row["record_point"] == "none"
     decode = matrix[("torch_native", "DECODE", "none")]
     assert (decode["boundary"], decode["record_point"]) == ("IN_REPLAY", "in_graph_node")
-    assert decode["source"] == "default:contract"
+    assert decode["source"] == "contract:warcore"
 
 
 def test_matrix_deepseek_verify_depends_on_the_algorithm(

@@ -77,7 +77,7 @@ DECODE_MATRIX = [
     # sglang's rows. "algorithm publishes at verify: no" is `none` (and `eagle` below);
     # "default" backend is the contract-following torch_native; "verify POST_REPLAY" is
     # deepseek_v4 under a non-dspark algorithm.
-    pytest.param("none", PLANTED, "torch_native", M.DECODE, P.IN_GRAPH_NODE, "default:contract",
+    pytest.param("none", PLANTED, "torch_native", M.DECODE, P.IN_GRAPH_NODE, "contract:warcore",
                  id="sglang:planted-decode-contract->IN_REPLAY"),
     pytest.param("none", PLANTED, "torch_native", M.EXTEND, P.NONE, "default:no-answer",
                  id="sglang:extend-on-decode-runner->UNKNOWN"),
@@ -91,13 +91,13 @@ DECODE_MATRIX = [
     # torch_native's eager path on its own (the sanitizer shows it sound).
     pytest.param("none", EAGER, "torch_native", M.DECODE, P.AFTER_IN_GRAPH_INIT,
                  "plugin:warcore", id="warcore:eager-declared->after-in-graph-init"),
-    pytest.param("none", UNPLANTED, "torch_native", M.DECODE, P.POST_REPLAY, "default:contract",
+    pytest.param("none", UNPLANTED, "torch_native", M.DECODE, P.POST_REPLAY, "contract:warcore",
                  id="warcore:unplanted-captured->POST_REPLAY"),
     # The rows "Done when" adds.
     pytest.param("dspark", PLANTED, "deepseek_v4", M.TARGET_VERIFY, P.IN_GRAPH_NODE,
                  "plugin:deepseek_v4", id="verify-publishing-in-replay-planted->node"),
     pytest.param("dflash", PLANTED, "torch_native", M.TARGET_VERIFY, P.IN_GRAPH_NODE,
-                 "default:contract", id="verify-publishing-contract-planted->node"),
+                 "contract:warcore", id="verify-publishing-contract-planted->node"),
     pytest.param("dspark", EAGER, "deepseek_v4", M.TARGET_VERIFY, P.AFTER_IN_GRAPH_INIT,
                  "plugin:deepseek_v4", id="verify-in-replay-eager->after-in-graph-init"),
     pytest.param("dspark", UNPLANTED, "deepseek_v4", M.TARGET_VERIFY, P.POST_REPLAY,
@@ -108,9 +108,9 @@ DECODE_MATRIX = [
                  "phase:plugin:warcore", id="eagle-verify-is-not-its-publish-phase"),
     pytest.param("eagle", PLANTED, "deepseek_v4", M.TARGET_VERIFY, P.NONE,
                  "phase:plugin:warcore", id="eagle-verify-post-replay-not-publishing"),
-    pytest.param("none", PLANTED, "trtllm_mha", M.DECODE, P.IN_GRAPH_NODE, "default:contract",
+    pytest.param("none", PLANTED, "trtllm_mha", M.DECODE, P.IN_GRAPH_NODE, "contract:trtllm_mha",
                  id="plugin-abstains-on-decode->contract"),
-    pytest.param("none", PLANTED, "deepseek_v4", M.DECODE, P.IN_GRAPH_NODE, "default:contract",
+    pytest.param("none", PLANTED, "deepseek_v4", M.DECODE, P.IN_GRAPH_NODE, "contract:deepseek_v4",
                  id="deepseek-decode->contract"),
     pytest.param("none", PLANTED, "torch_native", M.MIXED, P.NONE, "phase:plugin:warcore",
                  id="mixed-on-decode-runner->none"),
@@ -200,9 +200,9 @@ def test_prefill_matrix_is_exhaustive_over_real_plugins(pm: WarcorePluginManager
         ("trtllm_mha", M.EXTEND, "dflash", P.PRE_REPLAY, "plugin:trtllm_mha"),
         ("trtllm_mha", M.EXTEND, "dspark", P.PRE_REPLAY, "plugin:trtllm_mha"),
         ("trtllm_mha", M.EXTEND, "eagle", P.NONE, "phase:plugin:warcore"),
-        ("trtllm_mha", M.TARGET_VERIFY, "dflash", P.NONE, "default:contract"),
+        ("trtllm_mha", M.TARGET_VERIFY, "dflash", P.NONE, "contract:trtllm_mha"),
         ("trtllm_mha", M.MIXED, "none", P.NONE, "phase:plugin:warcore"),
-        ("trtllm_mha", M.DECODE, "none", P.NONE, "default:contract"),
+        ("trtllm_mha", M.DECODE, "none", P.NONE, "contract:trtllm_mha"),
         ("torch_native", M.EXTEND, "none", P.NONE, "default:no-answer"),
         ("deepseek_v4", M.EXTEND, "dflash", P.PRE_REPLAY, "plugin:deepseek_v4"),
         ("deepseek_v4", M.EXTEND, "eagle", P.NONE, "phase:plugin:warcore"),

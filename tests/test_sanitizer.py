@@ -14,7 +14,7 @@ from _audit_util import (
     UndeclaredHiddenReader,
 )
 
-from warcore import ForwardMode, RecordPoint, SharedReadBoundary, cli
+from warcore import CONTRACT_MODES, ForwardMode, RecordPoint, SharedReadBoundary, cli
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.audit._poison import SharedBufferPoison
 from warcore.audit.sanitizer import SanitizeReport, sanitize
@@ -25,7 +25,8 @@ SMALL: dict[str, Any] = {"requests": 3, "max_running": 2, "model": TINY_MODEL}
 
 
 def _native(boundaries: dict[ForwardMode, SharedReadBoundary], **options: Any) -> SanitizeReport:
-    pm = make_plugin_manager(DeclaredBackend(TorchNativeBackend, boundaries), builtins="algorithms")
+    plugin = DeclaredBackend(TorchNativeBackend, boundaries, follows_contract=CONTRACT_MODES)
+    pm = make_plugin_manager(plugin, builtins="algorithms")
     return sanitize("torch_native", "none", pm=pm, **{**SMALL, **options})
 
 
@@ -82,9 +83,10 @@ def test_a_violation_names_backend_mode_algorithm_boundary_point_and_output() ->
 
 @pytest.mark.parametrize("use_graphs", [True, False], ids=["graph", "eager"])
 def test_one_late_read_of_one_element_of_one_row_is_caught(use_graphs: bool) -> None:
-    # The contract default (IN_REPLAY) for the graph; the eager path declared the same.
+    # The contract (IN_REPLAY), declared (wrongly) for the graph; the eager path the same.
     eager = {ForwardMode.DECODE: SharedReadBoundary.IN_REPLAY}
-    pm = make_plugin_manager(DeclaredBackend(OneElementLateReader, {}, eager=eager))
+    claim = DeclaredBackend(OneElementLateReader, {}, eager=eager, follows_contract=CONTRACT_MODES)
+    pm = make_plugin_manager(claim)
     report = sanitize("one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL)
     assert report.violation is not None, report.format()
     assert report.violation.forward_mode is ForwardMode.DECODE
@@ -103,7 +105,7 @@ def test_reads_outside_the_dispatcher_are_caught_declared_or_not(
     backend: type[TorchNativeBackend],
 ) -> None:
     """The sanitizer poisons memory, so it needs no declaration to see a read."""
-    pm = make_plugin_manager(DeclaredBackend(backend, {}))
+    pm = make_plugin_manager(DeclaredBackend(backend, {}, follows_contract=CONTRACT_MODES))
     report = sanitize(backend.name, "none", pm=pm, **SMALL)
     assert report.violation is not None and report.violation.kind == "late-read"
 

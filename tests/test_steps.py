@@ -151,8 +151,14 @@ def test_a_step_answers_the_publish_phase_and_owner_when_no_plugin_does(
     )
 
 
-class ContradictingHooks:
-    """Hooks that say k_draft_verify's draft decodes are the last reader; its step says not."""
+class ContradictingHooks(DeclaredAlgorithm):
+    """k_draft_verify's own plugin, whose hooks say its draft decodes are the last reader; its
+    step says not. (Another plugin's answer is a conflict instead: tests/test_foreign_answers.py.)
+    """
+
+    def __init__(self) -> None:
+        super().__init__("k_draft_verify", k_draft_verify(), drafter=self_draft)
+        self.__name__ = "ContradictingHooks"
 
     @warcore.hookimpl
     def warcore_is_war_publish_phase(
@@ -180,7 +186,7 @@ def test_check_reports_unrunnable_algorithms_and_hooks_contradicting_steps(
     assert step_problems(make_warcore_pm(kdv_plugin())) == []
     if "dflash" in {ep.name for ep in md.entry_points(group="warcore")}:
         assert step_problems(make_warcore_pm(entry_points=["dflash"])) == []
-    pm = make_warcore_pm(kdv_plugin(), ContradictingHooks(), OtherShapes())
+    pm = make_warcore_pm(ContradictingHooks(), OtherShapes())
     problems = "\n".join(step_problems(pm))
     assert "algorithm 'medusa' (plugin 'OtherShapes') is not runnable" in problems
     assert "family 'medusa' is none of the built-in step shapes" in problems

@@ -70,8 +70,8 @@ class GraphOnly(TorchNativeBackend):
         # A graph declaration alone: the eager forward records after the whole forward.
         pytest.param({M.DECODE: B.IN_REPLAY}, {}, M.DECODE, EAGER, P.POST_REPLAY,
                      "default:eager", id="graph-only->post"),
-        pytest.param({}, {}, M.TARGET_VERIFY, EAGER, P.POST_REPLAY, "default:eager",
-                     id="contract-only->post"),
+        pytest.param({}, {}, M.TARGET_VERIFY, EAGER, P.NONE, "default:no-answer",
+                     id="undeclared->none"),
         pytest.param({M.DECODE: B.IN_REPLAY}, {}, M.DECODE, PLANTED, P.IN_GRAPH_NODE,
                      "plugin:DeclaredBackend", id="graph-still-in-graph"),
         # The eager path declared on its own, differently from the graph.
@@ -329,10 +329,10 @@ HYBRID = {"hybrid_prefill_backend": "trtllm_mha", "hybrid_decode_backend": "deep
     [
         # Selecting (sglang's HybridAttnBackend): one child per mode.
         ("hybrid", HYBRID, M.EXTEND, "none", B.PRE_REPLAY, "plugin:trtllm_mha"),
-        ("hybrid", HYBRID, M.DECODE, "none", B.IN_REPLAY, "default:contract"),
+        ("hybrid", HYBRID, M.DECODE, "none", B.IN_REPLAY, "contract:deepseek_v4"),
         ("hybrid", HYBRID, M.TARGET_VERIFY, "dflash", B.POST_REPLAY, "plugin:deepseek_v4"),
         ("hybrid", {**HYBRID, "spec_attn_is_decode": False}, M.TARGET_VERIFY, "dflash",
-         B.IN_REPLAY, "default:contract"),
+         B.IN_REPLAY, "contract:trtllm_mha"),
         # Latest of all children (hybrid linear, two-batch overlap, MiniMax).
         ("layer_hybrid", {"layer_hybrid_backends": "trtllm_mha,deepseek_v4"}, M.TARGET_VERIFY,
          "dflash", B.POST_REPLAY, "plugin:deepseek_v4"),

@@ -5,6 +5,7 @@ the submodules that need it, so ``import warcore`` is cheap and does no device w
 """
 
 from warcore.core import (
+    CONTRACT_MODES,
     AlgorithmSpec,
     BackendSpec,
     BoundaryContext,
@@ -39,6 +40,7 @@ from warcore.core import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONTRACT_MODES",
     "AlgorithmSpec",
     "BackendSpec",
     "BoundaryContext",

@@ -31,7 +31,7 @@ It gives you:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import pytest
@@ -120,7 +120,9 @@ class DeclaredBackend:
     name (a subclass that differs only in ``name``), so it can sit beside the original.
     ``eager`` declares the eager (uncaptured) decode, verify and draft-extend: by default the
     same as ``boundaries`` (a backend without a separate eager body); ``{}`` declares no eager
-    path, so those eager forwards record after the whole forward.
+    path, so those eager forwards record after the whole forward. ``follows_contract`` goes to
+    the spec (:attr:`~warcore.BackendSpec.follows_contract`): the modes in which the backend
+    claims to follow the metadata contract; by default none (undeclared modes are ``UNKNOWN``).
     """
 
     def __init__(
@@ -130,8 +132,10 @@ class DeclaredBackend:
         *,
         name: str | None = None,
         eager: Mapping[ForwardMode, SharedReadBoundary] | Mapping[str, str] | None = None,
+        follows_contract: Collection[ForwardMode] = frozenset(),
     ) -> None:
         self.name = name or backend.name
+        self.follows_contract = follows_contract
         if self.name != backend.name:
             backend = type(backend.__name__, (backend,), {"name": self.name})
         self.backend = backend
@@ -154,7 +158,14 @@ class DeclaredBackend:
 
     @hookimpl
     def warcore_attention_backends(self) -> Iterable[BackendSpec]:
-        return [BackendSpec(self.name, self.backend, f"{self.backend.__name__} under test")]
+        return [
+            BackendSpec(
+                self.name,
+                self.backend,
+                f"{self.backend.__name__} under test",
+                follows_contract=self.follows_contract,
+            )
+        ]
 
     @hookimpl
     def warcore_shared_read_boundary(

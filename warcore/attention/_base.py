@@ -4,7 +4,8 @@ A forward's metadata is built in two halves. ``init_forward_metadata_out_graph``
 before a graph replay and may read scheduler-shared buffers and host data;
 ``init_forward_metadata_in_graph`` is recorded into the graph (static shapes, no host syncs) and
 may read shared buffers too. After the in-graph init a contract-following backend reads only its
-private metadata, which is why ``IN_REPLAY`` is the safe default for its decode and verify.
+private metadata, which is why its decode and verify may record ``IN_REPLAY``; following the
+contract is declared (``BackendSpec.follows_contract``), never assumed of a subclass.
 
 Writing a backend: what each method must do, and when the reference engine calls it, is in the
 method docstrings below. In one forward the runner calls, in stream order on the forward stream:
@@ -115,7 +116,8 @@ class AttentionBackend(ABC):
         Must: only device ops on fixed-address buffers (no ``.item()``, ``.cpu()``,
         ``.tolist()``, no shapes that depend on data), because it is captured once per
         batch-size bucket and replayed. After it, a contract-following backend's layers read
-        only private buffers: that is the ``IN_REPLAY`` default for decode and verify.
+        only private buffers: what its spec declares with ``follows_contract`` (decode and
+        verify ``IN_REPLAY``).
         """
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

@@ -2,7 +2,10 @@
 
 It follows the metadata contract: the in-graph init gathers the batch's rows of
 ``req_to_token`` (and translates them through ``full_to_swa_index_mapping``) into private
-buffers; the layers read only those. So its decode and verify declare ``IN_REPLAY`` by default.
+buffers; the layers read only those. So its spec declares ``follows_contract=CONTRACT_MODES``
+(decode and verify ``IN_REPLAY``). A subclass inherits the code, not the declaration: its own
+spec says whether it still follows the contract (``trtllm_mha`` does, ``deepseek_v4`` in decode
+only).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Any
 
 from warcore.audit.steps import step_problems
 from warcore.core import (
+    CONTRACT_MODES,
     ENV_PLUGINS,
     AlgorithmSpec,
     BoundaryContext,
@@ -40,6 +41,7 @@ __all__ = [
     "find_notes",
     "find_problems",
     "model_differences",
+    "undeclared_contract_modes",
 ]
 
 _PUBLISHING_MODES = (
@@ -231,9 +233,9 @@ def _row_issues(row: MatrixRow) -> Iterator[tuple[str, str]]:
             "not publishing",
             phase,
         )
-    for failure in row.declared.failures:
-        yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", cell
-    for resolution in _with_children(row.declared):
+    for resolution in _with_children(row.declared):  # a wrapper's children's too
+        for failure in resolution.failures:
+            yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", cell
         if resolution.source.startswith("stale:"):
             yield (
                 f"stale declaration: plugin {resolution.source[len('stale:') :]!r} declares "
@@ -327,7 +329,55 @@ def model_differences(
 def find_notes(pm: WarcorePluginManager) -> list[str]:
     """``warcore check``'s informational lines (they never fail it): where a backend declares
     differently from the backend it models (``BackendSpec.models``), one line per mode and
-    pair of answers, naming the algorithm pairs."""
+    pair of answers, naming the algorithm pairs; then each backend that runs a contract mode on
+    the coarse fence only because nothing declares it (:func:`undeclared_contract_modes`)."""
+    return _model_notes(pm) + _contract_notes(pm)
+
+
+def undeclared_contract_modes(pm: WarcorePluginManager) -> dict[str, dict[ForwardMode, list[str]]]:
+    """Backend -> contract mode -> the algorithms under which nobody declares the backend's
+    captured graph there, and its spec does not declare that it follows the metadata contract
+    (``default:no-answer``: ``UNKNOWN``, the coarse fence). Only the reference engine's leaf
+    backends: a wrapper reads what its children read, and another engine's backends answer
+    through that engine's plugin."""
+    registry = get_registry(pm)
+    found: dict[str, dict[ForwardMode, list[str]]] = {}
+    for row in build_matrix(pm):
+        spec = registry.backends[row.backend].spec
+        if spec.engine != "warcore" or spec.children_for is not None:
+            continue
+        if row.mode in CONTRACT_MODES and row.declared.source == "default:no-answer":
+            found.setdefault(row.backend, {}).setdefault(row.mode, []).append(row.algorithm)
+    return found
+
+
+def _contract_notes(pm: WarcorePluginManager) -> list[str]:
+    registry = get_registry(pm)
+    notes = []
+    for backend, modes in sorted(undeclared_contract_modes(pm).items()):
+        order = sorted(modes, key=lambda m: m.name)
+        everywhere = set(order) == set(CONTRACT_MODES)
+        line = (
+            "follows_contract=warcore.CONTRACT_MODES"
+            if everywhere
+            else "follows_contract={" + ", ".join(f"ForwardMode.{m.name}" for m in order) + "}"
+        )
+        where = " and ".join(m.name for m in order)
+        engine = registry.backends[backend].spec.engine
+        paired = {a for a, o in registry.algorithms.items() if _same_engine(engine, o.spec)}
+        algorithms = sorted({a for m in order for a in modes[m]})
+        partial = set(algorithms) != paired
+        under = f" (algorithms {', '.join(map(repr, algorithms))})" if partial else ""
+        notes.append(
+            f"note: backend {backend!r} (plugin {registry.backends[backend].plugin!r}) runs "
+            f"{where}{under} on the coarse fence only because nothing declares them; if an "
+            "audit shows its shared reads end in its in-graph init there, opt in with one line "
+            f"in its BackendSpec: {line} (then: warcore sanitize --backend {backend})"
+        )
+    return notes
+
+
+def _model_notes(pm: WarcorePluginManager) -> list[str]:
     grouped: dict[tuple[str, ...], list[str]] = {}
     for d in model_differences(pm):
         key = (

@@ -25,7 +25,7 @@ from ._manager import (
     get_plugin_manager,
     reset_plugin_manager,
 )
-from ._modes import CAPTURED_MODES, ForwardMode
+from ._modes import CAPTURED_MODES, CONTRACT_MODES, ForwardMode
 from ._registry import DuplicateNameError, Registry, UnknownNameError, get_registry
 from ._resolve import (
     BoundaryResolution,
@@ -63,6 +63,8 @@ from ._steps import (
     step_of,
 )
 from ._table import (
+    MAX_RESOLUTIONS,
+    UNSETTLED_RESOLUTIONS,
     Decision,
     DecisionCache,
     DecisionKey,
@@ -85,6 +87,7 @@ __all__ = [
     "step_of",
     "BUILTIN_PLUGIN_NAME",
     "CAPTURED_MODES",
+    "CONTRACT_MODES",
     "CORE_FLAGS",
     "FlagSpec",
     "EVENT_OWNERS",
@@ -102,6 +105,8 @@ __all__ = [
     "ENV_PLUGINS",
     "ENV_STRICT_PLUGINS",
     "KNOWN_FAMILIES",
+    "MAX_RESOLUTIONS",
+    "UNSETTLED_RESOLUTIONS",
     "NCCL_ALLGATHER_IN_OVERLAP",
     "AlgorithmSpec",
     "BackendSpec",

@@ -1,15 +1,17 @@
 """The core's own plugin: the ``torch_native`` and ``flashinfer`` backends, ``none`` and ``eagle``,
 and the core's vetoes.
 
-``torch_native`` follows the metadata contract, so the core default (``IN_REPLAY`` for a
-captured decode and verify) is its declaration there. Its EAGLE draft-extend follows the
-contract too (the in-graph init gathers the page table; the layers read only that copy), which
-the contract default does not cover, so this plugin declares it: ``DRAFT_EXTEND_V2`` →
-``IN_REPLAY``. Its eager path runs the same two halves as its graph (the runner calls them in
-order; it has no separate eager body), so its eager decode, verify and draft-extend are
-declared ``IN_REPLAY`` too. These are warcore's own audits of its reference backend, shown by
-``warcore sanitize``; sglang 0.5.23 declares ``UNKNOWN`` for draft-extend and publishes nothing
-for eager forwards.
+``torch_native`` follows the metadata contract (its in-graph init gathers the batch's rows of
+the page table into private buffers, and its layers read only those), and its spec says so:
+``follows_contract=CONTRACT_MODES``, so a captured decode and verify are ``IN_REPLAY``
+(provenance ``contract:warcore``). So does ``flashinfer``'s (its ``plan()`` reads the page
+table before the replay, ``run()`` only the wrapper's copy; its other modes are
+``torch_native``'s). ``torch_native``'s EAGLE draft-extend follows the same rule, which the
+contract does not cover, so this plugin declares it: ``DRAFT_EXTEND_V2`` → ``IN_REPLAY``. Its
+eager path runs the same two halves as its graph (the runner calls them in order; it has no
+separate eager body), so its eager decode, verify and draft-extend are declared ``IN_REPLAY``
+too. These are warcore's own audits of its reference backend, shown by ``warcore sanitize``;
+sglang 0.5.23 declares ``UNKNOWN`` for draft-extend and publishes nothing for eager forwards.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from ._boundary import SharedReadBoundary
 from ._hookspecs import hookimpl
-from ._modes import ForwardMode
+from ._modes import CONTRACT_MODES, ForwardMode
 from ._specs import OFFLOAD_FLAGS, AlgorithmSpec, BackendSpec, BoundaryContext, StepFacts
 from ._steps import EAGLE_STEP, NONE_STEP
 
@@ -87,7 +89,12 @@ def _eagle_drafter(target: Any, num_draft: int, device: Any) -> Any:
 @hookimpl
 def warcore_attention_backends() -> Iterable[BackendSpec]:
     specs = [
-        BackendSpec("torch_native", _torch_native, "portable torch attention, CPU and CUDA"),
+        BackendSpec(
+            "torch_native",
+            _torch_native,
+            "portable torch attention, CPU and CUDA",
+            follows_contract=CONTRACT_MODES,  # warcore's audit: warcore sanitize --all
+        ),
         BackendSpec(
             "hybrid",
             _hybrid,
@@ -103,7 +110,14 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
     ]
     # find_spec looks for the package without importing it (flashinfer is heavy, CUDA only).
     if importlib.util.find_spec("flashinfer") is not None:
-        specs.append(BackendSpec("flashinfer", _flashinfer, "flashinfer paged decode, CUDA only"))
+        specs.append(
+            BackendSpec(
+                "flashinfer",
+                _flashinfer,
+                "flashinfer paged decode, CUDA only",
+                follows_contract=CONTRACT_MODES,  # plan() gathers before the replay
+            )
+        )
     return specs
 
 
@@ -138,7 +152,7 @@ def warcore_shared_read_boundary(
         return SharedReadBoundary.IN_REPLAY
     if eager and forward_mode in _TORCH_NATIVE_EAGER:
         return SharedReadBoundary.IN_REPLAY
-    return None  # a captured decode and verify: the contract default
+    return None  # a captured decode and verify: the contract its spec declares
 
 
 @hookimpl

@@ -50,9 +50,10 @@ class WarcoreSpecs:
         scoped to the implementation version range it was audited against: outside that range
         it is not applied), or ``None`` to abstain. Raising, or returning anything else, counts
         as ``UNKNOWN`` and is recorded against your plugin. When plugins disagree the latest
-        boundary wins. When nobody answers, a captured ``DECODE`` and ``TARGET_VERIFY`` of an
-        :class:`~warcore.attention.AttentionBackend` get ``IN_REPLAY`` (the metadata contract)
-        and everything else ``UNKNOWN``.
+        boundary wins. When nobody answers, a captured ``DECODE`` or ``TARGET_VERIFY`` of a
+        backend whose :class:`~warcore.BackendSpec` declares that it follows the metadata
+        contract there (``follows_contract``) gets ``IN_REPLAY`` (``contract:<plugin>``), and
+        everything else ``UNKNOWN``: being an ``AttentionBackend`` is not a declaration.
 
         Example plugin (``my_plugin.py``, with
         ``[project.entry-points.warcore] my_plugin = "my_plugin"`` in its ``pyproject.toml``)::
@@ -117,7 +118,9 @@ class WarcoreSpecs:
         staged for the next step. Return ``None`` for algorithms that are not yours; nobody
         answering means the owner the algorithm's :class:`~warcore.StepSpec` declares (the
         runner of its last reader), else ``"target"``. Raising, answering anything else, or
-        plugins disagreeing means no owner: the barrier takes the coarse fence.
+        plugins disagreeing means no owner: the barrier takes the coarse fence. An answer for
+        an algorithm another plugin defines never overrides that plugin's: its step's owner
+        counts as its answer, and a disagreement is no owner.
 
         Example plugin::
 
@@ -149,6 +152,8 @@ class WarcoreSpecs:
         no answer, an algorithm whose :class:`~warcore.AlgorithmSpec` has a ``step`` answers
         from it (its last readers' modes), others ``False``; you need this hook only where the
         step cannot say it, and ``warcore check`` reports an answer that contradicts the step.
+        An answer for an algorithm another plugin defines never overrides that plugin's: its
+        step counts as its answer, and a disagreement is a conflict (``False``).
 
         Example plugin::
 
@@ -173,6 +178,11 @@ class WarcoreSpecs:
         inside it, so importing your entry-point module stays cheap and does no device work.
         Two plugins offering the same name is an error naming both.
 
+        ``follows_contract`` is a declaration like a hook's answer: give it only for the modes an
+        audit showed (the in-graph init is the last shared read; check with ``warcore sanitize
+        --backend my_backend``); without it decode and verify are ``UNKNOWN`` (the coarse fence)
+        until a plugin declares them, and ``warcore check`` notes it.
+
         Example plugin::
 
             import warcore
@@ -186,7 +196,15 @@ class WarcoreSpecs:
 
             @warcore.hookimpl
             def warcore_attention_backends():
-                return [warcore.BackendSpec("my_backend", _make, "paged attention, my way")]
+                return [
+                    warcore.BackendSpec(
+                        "my_backend",
+                        _make,
+                        "paged attention, my way",
+                        # Audited: decode and verify read req_to_token only in the in-graph init.
+                        follows_contract=warcore.CONTRACT_MODES,
+                    )
+                ]
         """
 
     @hookspec

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pluggy
 
@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("warcore.plugins")
+
+T = TypeVar("T")
 
 ENTRY_POINT_GROUP = PROJECT_NAME
 ENV_PLUGINS = "WARCORE_PLUGINS"
@@ -178,13 +180,15 @@ class PluginInfo:
 
 
 def _source_path(plugin: object) -> str | None:
-    try:
-        return inspect.getfile(plugin)  # type: ignore[arg-type]
-    except TypeError:
+    """The file the plugin (a module or class, else its class) was defined in; ``None`` where
+    there is none: a built-in, or code typed into ``python -c``, a REPL or a notebook cell
+    (``inspect`` raises ``OSError`` for a class of ``__main__`` without a file)."""
+    for candidate in (plugin, type(plugin)):
         try:
-            return inspect.getfile(type(plugin))
-        except TypeError:
-            return None
+            return inspect.getfile(candidate)  # type: ignore[arg-type]
+        except (TypeError, OSError):
+            continue
+    return None
 
 
 class WarcorePluginManager(pluggy.PluginManager):
@@ -193,7 +197,11 @@ class WarcorePluginManager(pluggy.PluginManager):
     def __init__(self, config: LoaderConfig | None = None, *, builtins: bool = True) -> None:
         super().__init__(PROJECT_NAME)
         self.add_hookspecs(WarcoreSpecs)
-        self.config = config if config is not None else LoaderConfig()
+        self._change_lock = threading.RLock()
+        """Held across every change of the plugin set or the configuration, with its
+        bookkeeping (listing, generation, listeners): each change is one atomic step."""
+        self._local = threading.local()  # per thread: whose hook runs, changes made (_changed)
+        self._config = config if config is not None else LoaderConfig()
         self.plugin_infos: list[PluginInfo] = []
         self.unknown_allowlist_names: tuple[str, ...] = ()
         self.allowlist_problems: tuple[str, ...] = ()
@@ -222,46 +230,53 @@ class WarcorePluginManager(pluggy.PluginManager):
             self._plugin_modules[BUILTIN_PLUGIN_NAME] = _builtins.__name__
 
     # -- change notification -------------------------------------------------------------
+    # Every change takes _change_lock for the change and its bookkeeping, so that two threads
+    # changing plugins or switches at once neither lose an update (pluggy's own register and
+    # unregister are read-modify-writes of its tables) nor count one twice or not at all.
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        result = super().register(plugin, name)
-        if result is not None and not self._registering:
-            self._record_runtime(result, plugin)
-        self._changed()
-        return result
+        with self._change_lock:
+            caller = None if self._registering else self._registering_caller()
+            result = super().register(plugin, name)
+            if result is not None and caller is not None:
+                self._record_runtime(result, plugin, caller)
+            self._changed()
+            return result
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
-        if name is None and plugin is not None:
-            name = self.get_name(plugin)
-        result = super().unregister(plugin, name)
-        if name is not None and not self._registering:
-            self._record_unregistered(name)
-        self._changed()
-        return result
+        with self._change_lock:
+            if name is None and plugin is not None:
+                name = self.get_name(plugin)
+            result = super().unregister(plugin, name)
+            if name is not None and not self._registering:
+                self._record_unregistered(name)
+            self._changed()
+            return result
 
     def _register_loaded(self, plugin: object, name: str) -> None:
         """Register a plugin the loader records itself (no runtime info)."""
-        self._registering = True
-        try:
-            self.register(plugin, name=name)
-        finally:
-            self._registering = False
+        with self._change_lock:
+            self._registering = True
+            try:
+                self.register(plugin, name=name)
+            finally:
+                self._registering = False
 
     def _unregister_loaded(self, name: str) -> None:
-        self._registering = True
-        try:
-            self.unregister(name=name)
-        finally:
-            self._registering = False
+        with self._change_lock:
+            self._registering = True
+            try:
+                self.unregister(name=name)
+            finally:
+                self._registering = False
 
-    def _record_runtime(self, name: str, plugin: object) -> None:
+    def _record_runtime(self, name: str, plugin: object, caller: str) -> None:
         """A plugin registered at run time (by a hook, a test, an engine): list it too."""
+        info = _replace(self._info_for(name, plugin, None), registered_by=caller)
         self.plugin_infos = [
             i
             for i in self.plugin_infos
             if not (i.name == name and i.status == "disabled" and i.value is None)
-        ]
-        info = self._info_for(name, plugin, None)
-        self.plugin_infos.append(_replace(info, registered_by=self._registering_caller()))
+        ] + [info]
 
     def _record_unregistered(self, name: str) -> None:
         for k, info in enumerate(self.plugin_infos):
@@ -271,10 +286,15 @@ class WarcorePluginManager(pluggy.PluginManager):
                 )
 
     def _registering_caller(self) -> str:
-        """``plugin:<name>`` when a loaded plugin's code is on the stack (innermost first),
-        ``core`` for the built-ins, else ``runtime``."""
+        """``plugin:<name>`` when a plugin's hook is being asked on this thread, or a loaded
+        plugin's code is on the stack (innermost first); ``core`` for the built-ins, else
+        ``runtime``."""
+        asking = getattr(self._local, "asking", None)
+        if asking is not None:
+            name = asking[0]
+            return REGISTERED_BY_CORE if name == BUILTIN_PLUGIN_NAME else f"plugin:{name}"
         modules = dict(self._plugin_modules)
-        frame = sys._getframe(3)  # _registering_caller <- _record_runtime <- register <- caller
+        frame: Any = sys._getframe(2)  # _registering_caller <- register <- its caller
         while frame is not None:
             where = frame.f_globals.get("__name__", "")
             for name, module in modules.items():
@@ -282,31 +302,75 @@ class WarcorePluginManager(pluggy.PluginManager):
                     if name == BUILTIN_PLUGIN_NAME:
                         return REGISTERED_BY_CORE
                     return f"plugin:{name}"
-            frame = frame.f_back  # type: ignore[assignment]
+            frame = frame.f_back
         return REGISTERED_BY_RUNTIME
+
+    @property
+    def config(self) -> LoaderConfig:
+        """The environment controls in force. Assigning a new one is a switch: atomic, and
+        every cached decision follows (like :meth:`set_force_coarse`)."""
+        return self._config
+
+    @config.setter
+    def config(self, new: LoaderConfig) -> None:
+        if not isinstance(new, LoaderConfig):
+            raise TypeError(f"config must be a warcore.LoaderConfig, got {new!r}")
+        self._switch(lambda _: new)
 
     def set_force_coarse(self, on: bool) -> None:
         """Turn force-coarse on or off while the process runs: every cached decision follows on
-        its runner's next replay, and every barrier reads the switch."""
-        self._switch(_replace_config(self.config, force_coarse=bool(on)))
+        its runner's next replay, and every barrier reads the switch. Safe from any thread:
+        a switch another thread turns at the same moment is not lost."""
+        self._switch(lambda config: _replace_config(config, force_coarse=bool(on)))
 
     def set_prefill_fast_path(self, on: bool) -> None:
-        """Allow (or veto) prefill publishing before its replay, while the process runs."""
-        self._switch(_replace_config(self.config, prefill_fast_path=bool(on)))
+        """Allow (or veto) prefill publishing before its replay, while the process runs (from
+        any thread, like :meth:`set_force_coarse`)."""
+        self._switch(lambda config: _replace_config(config, prefill_fast_path=bool(on)))
 
-    def _switch(self, new: LoaderConfig) -> None:
-        if new != self.config:
-            self.config = new
-            self._changed()
+    def _switch(self, change: Callable[[LoaderConfig], LoaderConfig]) -> None:
+        """Read, change and write the configuration as one step (a switch turned by another
+        thread between the read and the write would otherwise be lost)."""
+        with self._change_lock:
+            new = change(self._config)
+            if new != self._config:
+                self._config = new
+                self._changed()
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` whenever a plugin is registered or unregistered."""
-        self._listeners.append(listener)
+        """Call ``listener()`` whenever a plugin is registered or unregistered or a switch
+        changes (with the change's lock held: keep it short, and change nothing in it)."""
+        with self._change_lock:
+            self._listeners.append(listener)
 
     def _changed(self) -> None:
+        """One change (the lock is held): a new generation, the listeners told; noted for the
+        thread that made it, against the plugin whose hook was being asked, if any."""
         self.generation += 1
-        for listener in list(getattr(self, "_listeners", ())):
+        local = self._local
+        local.changes = getattr(local, "changes", 0) + 1
+        local.changed_by = getattr(local, "asking", None)
+        for listener in list(self._listeners):
             listener()
+
+    # -- asking plugins --------------------------------------------------------------------
+    def call_as(self, plugin: str, hook: str, function: Callable[..., T], **kwargs: Any) -> T:
+        """``function(**kwargs)``: ``plugin``'s code for ``hook`` (a hookimpl, or a callable a
+        plugin's spec carries). A change of the plugin set it makes on this thread is
+        attributed to it (:meth:`changes_here`, and ``registered_by`` in the listing)."""
+        local = self._local
+        outer = getattr(local, "asking", None)
+        local.asking = (plugin, hook)
+        try:
+            return function(**kwargs)
+        finally:
+            local.asking = outer
+
+    def changes_here(self) -> tuple[int, tuple[str, str] | None]:
+        """How many changes this thread has made, and (plugin, hook) of the code that made
+        the last one, when it was a plugin's (see :meth:`call_as`)."""
+        local = self._local
+        return getattr(local, "changes", 0), getattr(local, "changed_by", None)
 
     # -- logging -------------------------------------------------------------------------
     def log_once(self, key: object, level: int, message: str) -> None:

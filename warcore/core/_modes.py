@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CAPTURED_MODES", "ForwardMode"]
+__all__ = ["CAPTURED_MODES", "CONTRACT_MODES", "ForwardMode"]
 
 
 class ForwardMode(enum.Enum):
@@ -101,3 +101,10 @@ CAPTURED_MODES = frozenset(
     {ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
 )
 """Modes whose declarations describe a captured graph (sglang audits them for the graph)."""
+
+CONTRACT_MODES = frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY})
+"""The modes the attention-backend metadata contract covers: a backend that follows it reads
+scheduler-shared buffers only up to its in-graph init in a captured decode and verify, so they
+may record ``IN_REPLAY``. A backend says so in one line of its spec,
+``BackendSpec(..., follows_contract=CONTRACT_MODES)`` (or the modes it follows it in); nothing
+is assumed."""

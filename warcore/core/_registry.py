@@ -96,7 +96,7 @@ class Registry:
         offered: dict[str, list[Offer[S]]] = {}
         for impl in getattr(pm.hook, hook).get_hookimpls():
             try:
-                result = impl.function()
+                result = pm.call_as(impl.plugin_name, hook, impl.function)
                 specs = [] if result is None else list(result)
                 for spec in specs:
                     if not isinstance(spec, kind):

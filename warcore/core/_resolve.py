@@ -22,7 +22,7 @@ from ._manager import (
     WarcorePluginManager,
     get_plugin_manager,
 )
-from ._modes import CAPTURED_MODES, ForwardMode
+from ._modes import CAPTURED_MODES, CONTRACT_MODES, ForwardMode
 from ._registry import get_registry
 from ._scope import stale_reason
 from ._specs import EVENT_OWNERS, BoundaryContext, StepFacts
@@ -43,8 +43,6 @@ __all__ = [
     "resolve_war_publish_phase",
 ]
 
-_CONTRACT_MODES = frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY})
-
 
 @dataclass(frozen=True)
 class PluginFailure:
@@ -59,7 +57,8 @@ class PluginFailure:
 class BoundaryResolution:
     """The resolved boundary of (backend, mode, context) and where it came from.
 
-    ``source`` is one of ``plugin:<name>``, ``default:contract``, ``default:no-answer``,
+    ``source`` is one of ``plugin:<name>``, ``contract:<name>`` (the backend's spec declares
+    that it follows the metadata contract in this mode), ``default:no-answer``,
     ``default:failed:<name>``, ``default:conflict``, ``forced-coarse``; a wrapper backend
     carries its children's resolutions and the source of the child that decided.
     """
@@ -116,7 +115,8 @@ def _ask(
         if taking_eager is not None and ("eager" in impl.argnames) is not taking_eager:
             continue
         try:
-            value = impl.function(**{name: kwargs[name] for name in impl.argnames})
+            args = {name: kwargs[name] for name in impl.argnames}
+            value = pm.call_as(impl.plugin_name, hook, impl.function, **args)
         except Exception as exc:
             failures.append(PluginFailure(impl.plugin_name, hook, f"{type(exc).__name__}: {exc}"))
             continue
@@ -178,25 +178,30 @@ def resolve_shared_read_boundary(
     return _resolve(pm, backend, mode, ctx, eager, ())
 
 
+_Path = tuple[tuple[object, str, str], ...]
+"""The wrappers above a backend being resolved: (identity, name, owner) of each."""
+
+
 def _resolve(
     pm: WarcorePluginManager,
     backend: str | AttentionBackend,
     mode: ForwardMode,
     ctx: BoundaryContext,
     eager: bool,
-    outer: tuple[int, ...],
+    outer: _Path,
 ) -> BoundaryResolution:
-    name, children, failure = _backend_identity(pm, backend, mode, ctx)
-    if id(backend) in outer:
-        raise ValueError(f"backend {name!r} wraps itself (a wrapper is among its own children)")
+    name, children, failure, owner = _backend_identity(pm, backend, mode, ctx)
     if pm.config.force_coarse:
         return BoundaryResolution(name, mode, ctx, SharedReadBoundary.UNKNOWN, "forced-coarse")
+    inner = (*outer, (_identity(backend), name, owner))
+    if failure is None:
+        failure = _cycle(children, inner)
     if failure is not None:
         pm.log_once(
             ("failed", failure.plugin, failure.hook, failure.error),
             logging.WARNING,
-            f"{failure.plugin} {failure.hook} failed for mode {mode.name}: {failure.error}; "
-            "treated as UNKNOWN (coarse fence)",
+            f"{failure.plugin} {failure.hook} failed for backend {name!r}, mode {mode.name}: "
+            f"{failure.error}; treated as UNKNOWN (coarse fence)",
         )
         source = f"default:failed:{failure.plugin}"
         return BoundaryResolution(
@@ -205,7 +210,6 @@ def _resolve(
     own = _declared(pm, backend, name, mode, ctx, eager, wrapper=bool(children))
     if not children:
         return own
-    inner = (*outer, id(backend))
     resolved = tuple(_resolve(pm, c, mode, ctx, eager, inner) for c in children)
     parts = resolved if own.source == "default:no-answer" else (own, *resolved)
     boundary = latest(r.boundary for r in parts)
@@ -213,6 +217,29 @@ def _resolve(
     return BoundaryResolution(
         name, mode, ctx, boundary, decider.source, own.answers, own.failures, resolved
     )
+
+
+def _identity(backend: object) -> object:
+    """What makes two backends of a wrapper tree the same one: a name is compared by value
+    (``children_for`` builds names at run time), a built backend by identity."""
+    return backend if isinstance(backend, str) else id(backend)
+
+
+def _cycle(children: tuple[Any, ...], path: _Path) -> PluginFailure | None:
+    """A child that is one of the wrappers on ``path`` (itself included): a cycle, the fault
+    of the plugins that offer the wrappers on it. Described the same from wherever it is
+    entered, so ``check`` shows one cycle once."""
+    keys = [key for key, _, _ in path]
+    for child in children:
+        if _identity(child) in keys:
+            loop = path[keys.index(_identity(child)) :]
+            names = [n for _, n, _ in loop]
+            first = names.index(min(names))
+            names = names[first:] + names[:first]
+            owners = "+".join(sorted({o for _, _, o in loop}))
+            shape = " -> ".join([*names, names[0]])
+            return PluginFailure(owners, "children_for", f"wrapper backends form a cycle: {shape}")
+    return None
 
 
 def _declared(
@@ -267,8 +294,8 @@ def _declared(
             boundary, source = SharedReadBoundary.UNKNOWN, graph.source
         else:
             boundary, source = SharedReadBoundary.POST_REPLAY, "default:eager"
-    elif not wrapper and mode in _CONTRACT_MODES and _follows_contract(pm, backend):
-        boundary, source = SharedReadBoundary.IN_REPLAY, "default:contract"
+    elif not wrapper and (declarer := _contract_declarer(pm, name, mode)) is not None:
+        boundary, source = SharedReadBoundary.IN_REPLAY, f"contract:{declarer}"
     else:
         boundary, source = SharedReadBoundary.UNKNOWN, "default:no-answer"
         pm.log_once(
@@ -320,6 +347,9 @@ def resolve_war_publish_phase(
     Anything doubtful (failures, disagreement) resolves to ``False``: not publishing keeps the
     coarse fence, which is always safe. With no answer at all, an algorithm that declares a
     :class:`~warcore.StepSpec` answers from it (``step:<plugin>``); others resolve to ``False``.
+    A plugin answering for an algorithm that another plugin defines by its step alone does
+    not override the step: the step counts as its definer's answer, and a disagreement is a
+    conflict (``False``).
     """
     pm = pm if pm is not None else get_plugin_manager()
     mode = ForwardMode.parse(forward_mode)
@@ -332,6 +362,9 @@ def resolve_war_publish_phase(
         lambda v: isinstance(v, bool),
         "bool",
     )
+    stepped = _declared_step(pm, algorithm)
+    if stepped is not None:
+        answers += _step_answer(answers, stepped[1], mode in stepped[0].publish_modes)
     values = {v for _, v in answers}
     where = f"algorithm {algorithm!r}, mode {mode.name}"
     if failures:
@@ -346,15 +379,28 @@ def resolve_war_publish_phase(
             f"plugins disagree on {where}: {who}; not publishing (coarse fence)",
         )
     elif values:
-        publishes, source = values.pop(), _source_of_answers([p for p, _ in answers])
+        publishes, source = values.pop(), _source_of_answers(_hook_answerers(answers))
     else:
         # Nobody answers: an algorithm that declares its step answers from it (issue 14).
-        stepped = _declared_step(pm, algorithm)
         if stepped is None:
             publishes, source = False, "default:no-answer"
         else:
             publishes, source = mode in stepped[0].publish_modes, f"step:{stepped[1]}"
     return PublishResolution(algorithm, mode, publishes, source, tuple(answers), tuple(failures))
+
+
+def _step_answer(answers: list[tuple[str, Any]], definer: str, says: Any) -> list[tuple[str, Any]]:
+    """What the algorithm's own step says, as an answer of the plugin that defines it, where
+    other plugins answer a hook about the algorithm and its definer's hook does not: another
+    plugin's answer never overrides the algorithm's own, it conflicts with it (issue 17)."""
+    if not answers or any(plugin == definer for plugin, _ in answers):
+        return []
+    return [(f"step:{definer}", says)]
+
+
+def _hook_answerers(answers: list[tuple[str, Any]]) -> list[str]:
+    """The plugins that answered a hook (a step that agrees with them is not one)."""
+    return [p for p, _ in answers if not p.startswith("step:")]
 
 
 def _declared_step(pm: WarcorePluginManager, algorithm: str) -> tuple[StepSpec, str] | None:
@@ -438,7 +484,8 @@ def resolve_step_event_owner(
 ) -> OwnerResolution:
     """Resolve the step's event owner; nobody answering → the owner the algorithm's
     :class:`~warcore.StepSpec` declares (``step:<plugin>``), else ``"target"`` (sglang's
-    default)."""
+    default). Another plugin's answer for an algorithm defined by its step alone counts beside
+    the step's owner: if they disagree, no owner (the coarse fence)."""
     pm = pm if pm is not None else get_plugin_manager()
     facts = facts if facts is not None else StepFacts()
     if not isinstance(facts, StepFacts):
@@ -450,6 +497,9 @@ def resolve_step_event_owner(
         lambda v: v in EVENT_OWNERS,
         " or ".join(repr(o) for o in EVENT_OWNERS),
     )
+    stepped = _declared_step(pm, algorithm)  # the step's last reader's runner (issue 14)
+    if stepped is not None:
+        answers += _step_answer(answers, stepped[1], stepped[0].owner)
     values = {v for _, v in answers}
     owner: str | None
     if failures:
@@ -464,9 +514,8 @@ def resolve_step_event_owner(
             f"plugins disagree on the event owner of {algorithm!r}: {who}; no owner (coarse)",
         )
     elif values:
-        owner, source = values.pop(), _source_of_answers([p for p, _ in answers])
+        owner, source = values.pop(), _source_of_answers(_hook_answerers(answers))
     else:
-        stepped = _declared_step(pm, algorithm)  # the step's last reader's runner (issue 14)
         if stepped is None:
             owner, source = "target", "default:target"
         else:
@@ -479,21 +528,24 @@ def _backend_identity(
     backend: str | AttentionBackend,
     mode: ForwardMode,
     ctx: BoundaryContext,
-) -> tuple[str, tuple[Any, ...], PluginFailure | None]:
-    """The backend's name, the children whose shared reads run in ``mode``, and the failure
-    of a wrapper's ``children_for`` (the backend's own code, isolated like a hook)."""
+) -> tuple[str, tuple[Any, ...], PluginFailure | None, str]:
+    """The backend's name, the children whose shared reads run in ``mode``, the failure of a
+    wrapper's ``children_for`` (a raise, or a child that is neither a backend name nor a
+    backend), and who answers for that code: the plugin offering the spec for a name,
+    ``backend:<name>`` for a built backend's own method."""
     if isinstance(backend, str):
         name = backend
         offer = get_registry(pm).backends.get(backend)
         compose = offer.spec.children_for if offer is not None else None
-        if compose is None:
-            return name, (), None
+        if offer is None or compose is None:
+            return name, (), None, f"backend:{name}"
+        owner = offer.plugin
         ask: Callable[[], Any] = lambda: compose(mode, ctx)  # noqa: E731
     else:
         found = getattr(backend, "name", None)
         if not isinstance(found, str):
             raise TypeError(f"backend {backend!r} has no string 'name'")
-        name = found
+        name, owner = found, f"backend:{found}"
         children_for = getattr(backend, "children_for", None)
         legacy = getattr(backend, "children", None)
         if callable(children_for):
@@ -501,21 +553,31 @@ def _backend_identity(
         elif callable(legacy):
             ask = legacy
         else:
-            return name, (), None
+            return name, (), None, owner
     try:
-        children = tuple(ask())
+        answer = pm.call_as(owner, "children_for", ask)
+        if isinstance(answer, str):
+            raise TypeError(f"returned the string {answer!r}, not a sequence of backend names")
+        children = tuple(answer)
     except Exception as exc:
-        failure = PluginFailure(f"backend:{name}", "children_for", f"{type(exc).__name__}: {exc}")
-        return name, (), failure
-    if any(c is backend or c == name for c in children):
-        raise ValueError(f"backend {name!r} wraps itself (it is among its own children)")
-    return name, children, None
+        return name, (), PluginFailure(owner, "children_for", f"{type(exc).__name__}: {exc}"), owner
+    for child in children:
+        if not isinstance(child, str) and not isinstance(getattr(child, "name", None), str):
+            error = (
+                f"named {child!r} ({type(child).__name__}) as a child of {name!r}: not a "
+                "backend name or a backend"
+            )
+            return name, (), PluginFailure(owner, "children_for", error), owner
+    return name, children, None, owner
 
 
-def _follows_contract(pm: WarcorePluginManager, backend: str | AttentionBackend) -> bool:
-    """The metadata contract covers AttentionBackend instances and registered backend names."""
-    from warcore.attention import AttentionBackend
-
-    if isinstance(backend, AttentionBackend):
-        return True
-    return isinstance(backend, str) and backend in get_registry(pm).backends
+def _contract_declarer(pm: WarcorePluginManager, name: str, mode: ForwardMode) -> str | None:
+    """The plugin whose :class:`BackendSpec` for ``name`` declares that the backend follows
+    the metadata contract in ``mode`` (``BackendSpec.follows_contract``); ``None``: nobody
+    does, and being an ``AttentionBackend`` is no declaration (sglang #37936)."""
+    if mode not in CONTRACT_MODES:
+        return None
+    offer = get_registry(pm).backends.get(name)
+    if offer is None or mode not in offer.spec.follows_contract:
+        return None
+    return offer.plugin

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ._modes import CONTRACT_MODES, ForwardMode
 from ._steps import StepSpec
 
 if TYPE_CHECKING:
@@ -125,6 +126,18 @@ class BackendSpec:
     mode whose declarations differ (both answers and who gave them); a note never fails
     ``check``: two implementations may differ on purpose, and the modelling plugin documents
     why (its own audit)."""
+    follows_contract: Collection[ForwardMode | str] = frozenset()
+    """The modes (of :data:`~warcore.CONTRACT_MODES`: ``DECODE``, ``TARGET_VERIFY``) in which
+    this backend follows the metadata contract: its shared reads end in its in-graph init, the
+    layers read only its private metadata. Where no plugin declares such a mode of a captured
+    graph, it is ``IN_REPLAY`` with provenance ``contract:<the plugin offering this spec>``,
+    audited by ``warcore sanitize`` like any declaration. Being an ``AttentionBackend`` says
+    nothing (a forward may read ``req_to_token`` after the in-graph init, as sglang's own
+    ``torch_native`` does): without this line those modes are ``UNKNOWN``, the coarse fence,
+    and ``warcore check`` notes it. Audit first, then opt in with one line::
+
+        BackendSpec("my_backend", _make, "paged attention", follows_contract=CONTRACT_MODES)
+    """
 
     def __post_init__(self) -> None:
         validate_name("backend", self.name)
@@ -135,6 +148,29 @@ class BackendSpec:
             raise TypeError(f"BackendSpec {self.name!r}: factory must be callable")
         if self.children_for is not None and not callable(self.children_for):
             raise TypeError(f"BackendSpec {self.name!r}: children_for must be callable")
+        object.__setattr__(self, "follows_contract", self._contract_modes())
+
+    def _contract_modes(self) -> frozenset[ForwardMode]:
+        given = self.follows_contract
+        if isinstance(given, str | ForwardMode) or not isinstance(given, Collection):
+            raise TypeError(
+                f"BackendSpec {self.name!r}: follows_contract must be a collection of forward "
+                f"modes (e.g. warcore.CONTRACT_MODES), got {given!r}"
+            )
+        modes = frozenset(ForwardMode.parse(m) for m in given)
+        outside = sorted(m.name for m in modes - CONTRACT_MODES)
+        if outside:
+            raise ValueError(
+                f"BackendSpec {self.name!r}: follows_contract names {', '.join(outside)}; the "
+                f"metadata contract covers {', '.join(sorted(m.name for m in CONTRACT_MODES))} "
+                "only (declare other modes with warcore_shared_read_boundary)"
+            )
+        if modes and self.children_for is not None:
+            raise ValueError(
+                f"BackendSpec {self.name!r}: a wrapper (children_for) reads what its children "
+                "read; declare the children's contract, not the wrapper's"
+            )
+        return modes
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
-from ._boundary import Execution, RecordPoint
+from ._boundary import Execution, RecordPoint, SharedReadBoundary
 from ._decisions import decode_record_point, draft_extend_record_point, prefill_record_point
 from ._manager import WarcorePluginManager, get_plugin_manager
 from ._modes import ForwardMode
 from ._resolve import (
     BoundaryResolution,
     OwnerResolution,
+    PluginFailure,
     PublishResolution,
     VetoResolution,
     resolve_fast_path_veto,
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
 
 __all__ = [
+    "MAX_RESOLUTIONS",
+    "UNSETTLED_RESOLUTIONS",
     "Decision",
     "DecisionCache",
     "DecisionKey",
@@ -40,6 +44,16 @@ __all__ = [
 
 
 T = TypeVar("T")
+
+UNSETTLED_RESOLUTIONS = 4
+"""Resolutions of one decision in a row that the resolving thread's own plugin code unsettles
+(a hook registers or unregisters a plugin while it is asked, so the answer was given by a plugin
+set that no longer exists) before the cache gives up: the decision is the coarse fence, blamed
+on that plugin (``default:failed:<plugin>``, one warning). A hook that registers a helper plugin
+once costs one more resolution, not this."""
+MAX_RESOLUTIONS = 64
+"""Resolutions of one decision in a row, whoever changes the plugin set meanwhile (other
+threads too), before the cache gives up the same way."""
 
 
 class RunnerKind(enum.Enum):
@@ -85,6 +99,9 @@ class Decision:
     veto: VetoResolution | None = None
     withdrawn: bool = False
     """This prefill batch's backend withdrew the static ``PRE_REPLAY`` (per-batch answer)."""
+    failure: PluginFailure | None = None
+    """No decision settled: this plugin kept changing the plugin set while it was asked (see
+    :data:`UNSETTLED_RESOLUTIONS`); the coarse fence."""
 
     @property
     def refines_per_batch(self) -> bool:
@@ -94,7 +111,10 @@ class Decision:
 
     @property
     def source(self) -> str:
-        """Why: force-coarse, a veto, the runner, the publish phase, else the declaration."""
+        """Why: no settled answer, force-coarse, a veto, the runner, the publish phase, else
+        the declaration."""
+        if self.failure is not None:
+            return f"default:failed:{self.failure.plugin}"
         if self.publish.source == "forced-coarse" or self.declared.source == "forced-coarse":
             return "forced-coarse"
         if self.veto is not None and self.veto.vetoed:
@@ -178,7 +198,12 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
 
     def __missing__(self, key: int | DecisionKey) -> Decision:
         full = self._keys[key] if isinstance(key, int) else key
-        return self._current(lambda: self.resolve(full), lambda d: self.__setitem__(key, d))
+        return self._current(
+            lambda: self.resolve(full),
+            lambda d: self.__setitem__(key, d),
+            lambda failure: _unsettled_decision(full, failure),
+            _describe_key(full),
+        )
 
     def event_owner(self, algorithm: str, facts: StepFacts) -> OwnerResolution:
         """The step's event owner for (algorithm, facts), resolved once per plugin set."""
@@ -188,21 +213,48 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
             owner = self._current(
                 lambda: resolve_step_event_owner(algorithm, facts, pm=self.pm),
                 lambda o: self._owners.__setitem__(key, o),
+                lambda failure: OwnerResolution(
+                    algorithm, facts, None, f"default:failed:{failure.plugin}", (), (failure,)
+                ),
+                f"the event owner of algorithm {algorithm!r}",
             )
         return owner
 
-    def _current(self, resolve: Callable[[], T], store: Callable[[T], None]) -> T:
+    def _current(
+        self,
+        resolve: Callable[[], T],
+        store: Callable[[T], None],
+        coarse: Callable[[PluginFailure], T],
+        where: str,
+    ) -> T:
         """Resolve and store, never storing what an older plugin set answered: the manager
         bumps its generation before it clears the caches, so a check under the lock that
-        clearing takes sees every change that happened while resolving (and resolves again)."""
+        clearing takes sees every change that happened while resolving (and resolves again).
+
+        Again a bounded number of times: a plugin whose hook registers another plugin each
+        time it is asked would have this resolve for ever. Then the answer is ``coarse`` (the
+        coarse fence), blamed on that plugin, and stored until the plugin set changes."""
         pm = self.pm
-        while True:
+        unsettled = 0
+        for _ in range(MAX_RESOLUTIONS):
             generation = pm.generation
+            mine = pm.changes_here()[0]
             value = resolve()
             with self._store_lock:
                 if pm.generation == generation:
                     store(value)
                     return value
+                seen = pm.generation
+            if pm.changes_here()[0] != mine:  # this resolution's own hooks changed the set
+                unsettled += 1
+                if unsettled >= UNSETTLED_RESOLUTIONS:
+                    break
+        failure = _blame(pm, where, unsettled)
+        value = coarse(failure)
+        with self._store_lock:
+            if pm.generation == seen:  # nothing changed since: until something does
+                store(value)
+        return value
 
     def resolve(self, key: DecisionKey) -> Decision:
         """Resolve ``key`` through the plugins (subclasses may decide differently)."""
@@ -216,14 +268,51 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
         resolved through its children), and a backend holds its engine's pools: an engine
         that closes forgets its own, or every engine built on this manager would stay alive."""
         gone = {id(b) for b in backends}
-        for entry in list(self):
-            key = self._keys.get(entry) if isinstance(entry, int) else entry
-            if key is None or id(key[1]) in gone:
-                del self[entry]
+        with self._store_lock:
+            for entry in list(self):
+                key = self._keys.get(entry) if isinstance(entry, int) else entry
+                if key is None or id(key[1]) in gone:
+                    del self[entry]
         with self._lock:
             for handle, key in list(self._keys.items()):
                 if id(key[1]) in gone:
                     del self._keys[handle], self._handles[key]
+
+
+def _backend_name(backend: str | AttentionBackend) -> str:
+    return backend if isinstance(backend, str) else str(getattr(backend, "name", backend))
+
+
+def _describe_key(key: DecisionKey) -> str:
+    _, backend, mode, context, _ = key
+    return f"backend {_backend_name(backend)!r}, mode {mode.name}, algorithm {context.algorithm!r}"
+
+
+def _blame(pm: WarcorePluginManager, where: str, unsettled: int) -> PluginFailure:
+    """The failure of a decision that never settled, logged once per plugin and hook: the
+    plugin whose code changed the plugin set while it was asked, if it was this thread's."""
+    culprit = pm.changes_here()[1]
+    if unsettled < UNSETTLED_RESOLUTIONS:
+        plugin, hook = "runtime", "register"
+        error = f"the plugin set changed during {MAX_RESOLUTIONS} resolutions in a row"
+    else:
+        plugin, hook = culprit if culprit is not None else ("runtime", "register")
+        error = "registers or unregisters a plugin every time it is asked, so no answer settles"
+    pm.log_once(
+        ("unsettled", plugin, hook),
+        logging.WARNING,
+        f"plugin {plugin!r} hook {hook!r} {error} (resolving {where}); coarse fence",
+    )
+    return PluginFailure(plugin, hook, error)
+
+
+def _unsettled_decision(key: DecisionKey, failure: PluginFailure) -> Decision:
+    kind, backend, mode, context, _ = key
+    name, source = _backend_name(backend), f"default:failed:{failure.plugin}"
+    unknown = SharedReadBoundary.UNKNOWN
+    declared = BoundaryResolution(name, mode, context, unknown, source, failures=(failure,))
+    publish = PublishResolution(context.algorithm, mode, False, source, failures=(failure,))
+    return Decision(RecordPoint.NONE, declared, publish, kind, failure=failure)
 
 
 def get_decision_cache(pm: WarcorePluginManager | None = None) -> DecisionCache:

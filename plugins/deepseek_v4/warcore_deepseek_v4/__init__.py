@@ -6,8 +6,10 @@ What it declares, and on whose authority (checked against sglang 0.5.23's
 * ``TARGET_VERIFY`` → ``POST_REPLAY`` (its breakable-graph verify re-reads the live page table
   in every layer), ``IN_REPLAY`` under ``dspark`` (one full graph honouring the contract): as
   sglang 0.5.23. The eager verify is the same code: the same answer.
-* ``DECODE`` (captured): the contract default, as sglang 0.5.23; eager ``DECODE`` → ``IN_REPLAY``
-  (warcore's audit of the reference backend, which has no separate eager body).
+* ``DECODE`` (captured): ``IN_REPLAY``, as sglang 0.5.23: the backend follows the metadata
+  contract in decode (and only there: its verify does not), which its spec declares,
+  ``follows_contract={ForwardMode.DECODE}``; eager ``DECODE`` → ``IN_REPLAY`` (warcore's audit
+  of the reference backend, which has no separate eager body).
 * ``EXTEND`` → ``PRE_REPLAY`` with a per-batch refinement: the reference backend's sparse
   prefill re-reads the page table in every layer unless its out-graph init could snapshot the
   batch's rows (at most ``SNAPSHOT_TOKENS`` query tokens); ``refine_prefill_boundary`` withdraws
@@ -53,6 +55,7 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
             _make_backend,
             "DeepSeek-V4-style attention: verify re-reads req_to_token in every layer",
             models="sglang_dsv4",
+            follows_contract={ForwardMode.DECODE},  # decode gathers in-graph (backend.py)
         )
     ]
 
@@ -75,6 +78,6 @@ def warcore_shared_read_boundary(
         return Declared(SharedReadBoundary.POST_REPLAY, AUDITED)
     if forward_mode is ForwardMode.DECODE and eager:
         return Declared(SharedReadBoundary.IN_REPLAY, AUDITED)
-    # A captured decode follows the metadata contract (core default); other modes are not
-    # audited.
+    # A captured decode follows the metadata contract (the spec declares it); other modes
+    # are not audited.
     return None

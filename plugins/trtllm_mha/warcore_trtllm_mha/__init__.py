@@ -5,7 +5,9 @@ What it declares, and on whose authority (checked against sglang 0.5.23's
 
 * ``EXTEND`` → ``PRE_REPLAY``: as sglang 0.5.23 (its prefill snapshots the page table during
   metadata preparation); warcore's reference backend does the same in its out-graph init.
-* ``DECODE``, ``TARGET_VERIFY`` (captured): the contract default ``IN_REPLAY``, as sglang 0.5.23.
+* ``DECODE``, ``TARGET_VERIFY`` (captured): ``IN_REPLAY``, as sglang 0.5.23, because the
+  backend follows the metadata contract there (its in-graph init gathers the page table, its
+  layers read only that copy): its spec says so, ``follows_contract=CONTRACT_MODES``.
 * ``DRAFT_EXTEND_V2`` → ``IN_REPLAY`` (``POST_REPLAY`` with the ``nccl_allgather_in_overlap``
   flag): warcore's own audit of *its reference backend*, shown by ``warcore sanitize``, finer
   than sglang 0.5.23, which declares nothing there (``UNKNOWN``, a coarse fence) and whose NCCL
@@ -26,7 +28,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import warcore
-from warcore import BackendSpec, BoundaryContext, Declared, ForwardMode, SharedReadBoundary
+from warcore import (
+    CONTRACT_MODES,
+    BackendSpec,
+    BoundaryContext,
+    Declared,
+    ForwardMode,
+    SharedReadBoundary,
+)
 from warcore.core import NCCL_ALLGATHER_IN_OVERLAP
 
 if TYPE_CHECKING:
@@ -55,6 +64,7 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
             _make_backend,
             "TRT-LLM-style MHA: prefill snapshots the page table in its out-graph init",
             models="sglang_trtllm_mha",
+            follows_contract=CONTRACT_MODES,  # decode/verify: in-graph gather (backend.py)
         )
     ]
 
@@ -80,5 +90,5 @@ def warcore_shared_read_boundary(
     if eager and forward_mode in _EAGER_AS_GRAPH:
         # No separate eager body: the eager run calls the same two halves.
         return Declared(SharedReadBoundary.IN_REPLAY, AUDITED)
-    # A captured decode and verify follow the metadata contract: the core default applies.
+    # A captured decode and verify follow the metadata contract, as the spec declares.
     return None
