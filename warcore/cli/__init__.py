@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 
-from warcore.cli._common import PROG, Command, UsageError
+from warcore.cli._common import PROG, Command, Parser, UsageError
 from warcore.cli.bench import BENCH
 from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
 from warcore.cli.run import RUN
@@ -52,7 +52,7 @@ def _add_commands(parser: argparse.ArgumentParser, commands: dict[str, Command],
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG, description="Inspect and check warcore's read-done fence declarations."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log fallbacks (debug)")

@@ -13,9 +13,12 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from warcore.cli._common import (
+    REQUESTS,
+    SEED,
     Command,
     UsageError,
-    check_count,
+    add_number,
+    check_offered,
     parse_flags,
     plugin_manager,
     print_table,
@@ -49,8 +52,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also trace an eager run and say where each mode's last shared read is",
     )
-    parser.add_argument("--requests", type=int, default=10, help="requests in the trace")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    add_number(parser, "--requests", REQUESTS, 10, "requests in the trace")
+    add_number(parser, "--seed", SEED, 0, "trace seed")
     parser.add_argument("--device", default="sim", help="sim (default) or cuda")
     parser.add_argument(
         "--flag", action="append", default=[], metavar="NAME[=VALUE]", help="engine flag"
@@ -68,11 +71,14 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    flags = parse_flags(args.flag)
+    pm = plugin_manager()
+    for kind, names in (("backend", args.backend), ("algorithm", args.algorithm)):
+        for name in names:
+            check_offered(pm, kind, name)  # before torch is imported
     from warcore.core import DuplicateNameError, UnknownNameError
     from warcore.device import DeviceError
 
-    flags = parse_flags(args.flag)
-    pm = plugin_manager()
     try:
         return _sanitize_all(args, flags, pm)
     except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
@@ -87,9 +93,7 @@ def _sanitize_all(
     (with ``--all``: any registered one, or one disabled because two plugins offer it) that had
     no combination sanitized. The last line says how many were skipped and why."""
     from warcore.audit.sanitizer import combinations
-    from warcore.engine.requests import MAX_TRACE_REQUESTS
 
-    check_count("--requests", args.requests, MAX_TRACE_REQUESTS)
     if not (args.all or args.backend or args.algorithm):
         raise ValueError("say what to sanitize: --backend NAME, --algorithm NAME, or --all")
     combos = combinations(pm, args.backend, args.algorithm, args.device)
