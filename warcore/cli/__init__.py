@@ -12,9 +12,11 @@ fast and works without a device.
 May import every other part of warcore; nothing in warcore imports it (``warcore.__main__``
 and the ``warcore`` console script aside).
 
-Exit status: 0 ok, 1 problems found (``check``) or a plugin failed under strict mode, 2 bad
-usage or a malformed ``WARCORE_*`` environment variable, 141 the reader of stdout went away
-(quietly, like a Unix tool ended by SIGPIPE).
+Exit status: 0 ok, 1 problems found (``check``; a run or audit that found one), a plugin
+failed under strict mode, or an algorithm's drafter factory failed (``run``), 2 bad usage or a
+malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors too, through
+:class:`~warcore.cli._common.Parser`), 141 the reader of stdout went away (quietly, like a Unix
+tool ended by SIGPIPE).
 """
 
 from __future__ import annotations

@@ -138,9 +138,13 @@ def _run(args: argparse.Namespace) -> int:
     check_offered(pm, "algorithm", args.algorithm)
     from warcore.core import DuplicateNameError, UnknownNameError
     from warcore.device import DeviceError
+    from warcore.engine import DrafterError
 
     try:
         return _serve(args, flags)
+    except DrafterError as exc:  # the plugin failed, not the command line: exit 1
+        print(f"warcore: error: {exc}", file=sys.stderr)
+        return 1
     except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -148,7 +152,13 @@ def _run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
     import torch
 
-    from warcore.engine import Engine, EngineConfig, ModelConfig, synthetic_trace
+    from warcore.engine import (
+        Engine,
+        EngineConfig,
+        ModelConfig,
+        compare_with_serial,
+        synthetic_trace,
+    )
 
     dtype = _DTYPES.get(args.dtype)
     if dtype is None:
@@ -182,11 +192,11 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
             serial = Engine(_serial(config), device=args.device)
             with serial:
                 expected = serial.run(trace, progress=_ProgressBar(sys.stderr, "serial", show))
-            report.matches_serial = expected.outputs == report.outputs
+            compare_with_serial(report, expected)
     print(format_report(report))
     if trace_note is not None:
         print(trace_note)
-    return 1 if report.matches_serial is False or report.errors else 0
+    return 1 if report.matches_serial is False or report.errors or report.serial_errors else 0
 
 
 def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
@@ -244,6 +254,7 @@ def format_report(report: RunReport) -> str:
         lines += [f"    request {rid}: {error}" for rid, error in shown]
         if len(report.errors) > _ERRORS_SHOWN:
             lines.append(f"    ... and {len(report.errors) - _ERRORS_SHOWN} more")
+    lines += [f"  drafter         {problem}" for problem in report.drafter_problems]
     if report.matches_serial is not None:
         verdict = (
             "identical to the serial loop"
@@ -251,6 +262,11 @@ def format_report(report: RunReport) -> str:
             else "DIFFERENT from the serial loop (a fence is unsound)"
         )
         lines.append(f"  tokens          {verdict}")
+    elif report.errors or report.serial_errors:
+        lines.append(
+            f"  tokens          not compared with the serial loop: requests failed "
+            f"({len(report.errors)} in this run, {report.serial_errors} in the serial loop)"
+        )
     return "\n".join(lines)
 
 
