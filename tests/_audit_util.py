@@ -91,7 +91,7 @@ class PeekingAlgorithm:
     """A dflash-family algorithm whose drafter reads ``req_to_token`` after the verify (a
     bug the algorithm's publish phase hides: it says the verify is the step's last reader).
 
-    The drafter factory gets no pool, so the backend factory of ``peek_native`` (plain
+    The drafter factory gets no pool, so the backend factory of ``wctest_peek_native`` (plain
     ``torch_native``) hands its pool over: the engine builds the backend before the drafter.
     """
 
@@ -104,26 +104,26 @@ class PeekingAlgorithm:
             self.pool = kwargs["pool"]
             return PeekNative(**kwargs)
 
-        return [BackendSpec("peek_native", make, "torch_native, handing its pool over")]
+        return [BackendSpec("wctest_peek_native", make, "torch_native, handing its pool over")]
 
     @warcore.hookimpl
     def warcore_speculative_algorithms(self) -> Iterable[AlgorithmSpec]:
         def drafter(target: Any, num_draft: int, device: Any) -> PeekingDrafter:
             return PeekingDrafter(self.pool.req_to_token, num_draft, target.cfg.vocab_size)
 
-        return [AlgorithmSpec("peek", "dflash", "drafts from the page table", drafter=drafter)]
+        return [AlgorithmSpec("wctest_peek", "dflash", "drafts from the page table", drafter)]
 
     @warcore.hookimpl
     def warcore_is_war_publish_phase(
         self, algorithm: str, forward_mode: ForwardMode
     ) -> bool | None:
-        if algorithm != "peek":
+        if algorithm != "wctest_peek":
             return None
         return forward_mode in (ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND)
 
 
 class PeekNative(TorchNativeBackend):
-    name = "peek_native"
+    name = "wctest_peek_native"
 
 
 class PeekingDrafter:

@@ -137,7 +137,7 @@ def test_a_drafter_reading_after_the_verify_is_caught_in_its_own_step() -> None:
     step leaves is compared too, so a drafter's late read is caught where it happens."""
     algorithm = PeekingAlgorithm()
     pm = make_plugin_manager(algorithm)
-    report = sanitize("peek_native", "peek", pm=pm, num_draft=2, **SMALL)
+    report = sanitize("wctest_peek_native", "wctest_peek", pm=pm, num_draft=2, **SMALL)
     v = report.violation
     assert v is not None, report.format()
     assert v.kind == "later-work"
@@ -145,7 +145,7 @@ def test_a_drafter_reading_after_the_verify_is_caught_in_its_own_step() -> None:
     assert "drafts" in v.difference
     # The same backend with a drafter that reads nothing shared (dflash's) is sound.
     pm = make_plugin_manager(algorithm, entry_points=["dflash"])
-    assert sanitize("peek_native", "dflash", pm=pm, num_draft=2, **SMALL).sound
+    assert sanitize("wctest_peek_native", "dflash", pm=pm, num_draft=2, **SMALL).sound
 
 
 def test_cli_exit_status_and_rows(capsys: pytest.CaptureFixture[str]) -> None:

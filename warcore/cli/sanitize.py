@@ -93,6 +93,7 @@ def _sanitize_all(
     (with ``--all``: any registered one, or one disabled because two plugins offer it) that had
     no combination sanitized. The last line says how many were skipped and why."""
     from warcore.audit.sanitizer import combinations
+    from warcore.audit.tracer import violation_note
 
     if not (args.all or args.backend or args.algorithm):
         raise ValueError("say what to sanitize: --backend NAME, --algorithm NAME, or --all")
@@ -104,10 +105,15 @@ def _sanitize_all(
         print()
         print(report.format())
     if args.explain:
+        found = {(r.backend, r.algorithm): r.violation for r in reports}
         for combo in combos:
             if combo.skipped is None:
                 print()
-                print(_explain(_trace(args, flags, pm, combo)))
+                trace = _trace(args, flags, pm, combo)
+                print(_explain(trace))
+                violation = found.get((combo.backend, combo.algorithm))
+                if violation is not None:
+                    print(violation_note(trace, violation))
     ran = sum(r.skipped is None for r in reports)
     unaudited = _unaudited(args, pm, reports)
     verdict = "VIOLATIONS FOUND" if problems else "NOT AUDITED" if unaudited else "all sound"
@@ -237,9 +243,9 @@ def _explain(trace: ReadTrace) -> str:
         points = "/".join(sorted(p.value for p in m.record_points))
         after = f"{m.reads_after_point} after the record point" if m.reads_after_point else ""
         lines.append(
-            f"  {m.runner:<6} {m.mode.name:<16} {m.summary()}; the reads allow "
-            f"{m.implied.name}, declared {m.declared.name} ({m.declared_by}), records at "
-            f"{points}{'; ' + after if after else ''}"
+            f"  {m.runner:<6} {m.mode.name:<16} {m.summary()}; {m.reads_allow()}, declared "
+            f"{m.declared.name} ({m.declared_by}), records at {points}"
+            f"{'; ' + after if after else ''}"
         )
     return "\n".join(lines)
 
