@@ -18,7 +18,14 @@ import torch.multiprocessing as tmp_mp
 
 import warcore
 from warcore import BoundaryContext, ForwardMode, SharedReadBoundary
-from warcore.audit.ranks import RankDisagreementError, check_ranks_agree, decisions, fingerprint
+from warcore.audit.ranks import (
+    DEFAULT_TIMEOUT_S,
+    RankCheckTimeout,
+    RankDisagreementError,
+    check_ranks_agree,
+    decisions,
+    fingerprint,
+)
 from warcore.core import WarcorePluginManager
 
 CELLS = [
@@ -138,3 +145,58 @@ def test_needs_an_initialised_group() -> None:
         pytest.skip("a process group is already initialised")
     with pytest.raises(RuntimeError, match="init_process_group"):
         check_ranks_agree(cells=CELLS, pm=WarcorePluginManager())
+
+
+# -- a rank that never joins the check ------------------------------------------------------
+
+
+def _absent_worker(rank: int, store: str, out: str, world: int, timeout: float) -> None:
+    """Every rank but the last calls the check; the last joins the process group and then
+    never calls it (it waits for the others' results, then leaves)."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        if rank == world - 1:
+            deadline = time.monotonic() + 120
+            others = [Path(out, f"rank{r}.json") for r in range(world - 1)]
+            while not all(p.exists() for p in others) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return
+        start = time.monotonic()
+        try:
+            check_ranks_agree(cells=CELLS, pm=WarcorePluginManager(), timeout=timeout)
+            result: dict[str, Any] = {"agree": True}
+        except RankCheckTimeout as exc:
+            result = {"error": str(exc), "missing": exc.missing, "answered": exc.answered}
+        result["elapsed"] = time.monotonic() - start
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_that_never_joins_is_named_within_the_timeout(tmp_path: Path) -> None:
+    store, world, timeout = tmp_path / "store", 3, 2.0
+    tmp_mp.spawn(
+        _absent_worker, args=(str(store), str(tmp_path), world, timeout), nprocs=world, join=True
+    )
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert "error" in result, result  # was: a wait of gloo's 30 minutes, then a bare error
+        assert (result["missing"], result["answered"]) == ([2], [0, 1])
+        message = result["error"]
+        assert message.startswith(f"warcore rank check (check_ranks_agree, on rank {rank}):")
+        assert "rank(s) 2 did not answer within 2 s; rank(s) 0, 1 did" in message
+        assert timeout <= result["elapsed"] < timeout + 10
+
+
+def test_the_default_timeout_is_short_and_a_bad_one_is_refused() -> None:
+    assert 0 < DEFAULT_TIMEOUT_S <= 120
+    import inspect
+
+    assert inspect.signature(check_ranks_agree).parameters["timeout"].default == DEFAULT_TIMEOUT_S
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+            check_ranks_agree(cells=CELLS, pm=WarcorePluginManager(), timeout=bad)
