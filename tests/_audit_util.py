@@ -50,7 +50,7 @@ class OneElementLateReader(TorchNativeBackend):
     the first admitted request's row) in its last layer, through a view, and lets the value
     nudge the attention output. Its honest boundary is POST_REPLAY."""
 
-    name = "one_element"
+    name = "wctest_one_element"
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -66,7 +66,7 @@ class HiddenLateReader(TorchNativeBackend):
     """Reads ``req_to_token`` in its last layer through numpy, which torch's dispatcher never
     sees (like a custom kernel), and declares the read when ``declare`` is set."""
 
-    name = "hidden_reader"
+    name = "wctest_hidden_reader"
     declare = True
 
     def forward(
@@ -83,7 +83,7 @@ class HiddenLateReader(TorchNativeBackend):
 
 
 class UndeclaredHiddenReader(HiddenLateReader):
-    name = "hidden_undeclared"
+    name = "wctest_hidden_undeclared"
     declare = False
 
 

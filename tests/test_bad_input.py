@@ -332,7 +332,7 @@ def test_a_wrapper_backend_that_is_its_own_child_is_named() -> None:
     from warcore.attention.torch_native import TorchNativeBackend
 
     class SelfWrapping(TorchNativeBackend):
-        name = "self_wrapping"
+        name = "wctest_self_wrapping"
 
         def __init__(self) -> None:  # no pool needed: only resolved, never run
             pass
@@ -340,7 +340,7 @@ def test_a_wrapper_backend_that_is_its_own_child_is_named() -> None:
         def children(self) -> tuple[TorchNativeBackend, ...]:
             return (self,)
 
-    with pytest.raises(ValueError, match="'self_wrapping' wraps itself"):
+    with pytest.raises(ValueError, match="'wctest_self_wrapping' wraps itself"):
         resolve_shared_read_boundary(SelfWrapping(), "DECODE")
 
 
@@ -369,7 +369,7 @@ def test_a_fault_during_graph_capture_releases_the_device_and_the_cache() -> Non
     from warcore.engine import Engine
 
     class CaptureFaulty(TorchNativeBackend):
-        name = "capture_faulty"
+        name = "wctest_capture_faulty"
 
         def init_forward_metadata_in_graph(self, batch: object) -> None:
             raise _CaptureFault("injected fault in the in-graph init")
@@ -377,17 +377,19 @@ def test_a_fault_during_graph_capture_releases_the_device_and_the_cache() -> Non
     class Plugin:
         @warcore.hookimpl
         def warcore_attention_backends(self) -> list[warcore.BackendSpec]:
-            return [warcore.BackendSpec("capture_faulty", CaptureFaulty, "raises at capture")]
+            return [
+                warcore.BackendSpec("wctest_capture_faulty", CaptureFaulty, "raises at capture")
+            ]
 
     pm = WarcorePluginManager(LoaderConfig())
     pm.load_entry_points()
-    pm.register(Plugin(), name="capture_faulty_plugin")
+    pm.register(Plugin(), name="wctest_capture_faulty_plugin")
     cache = get_decision_cache(pm)
     gc.collect()
     threads, entries = threading.active_count(), len(cache)
     for _ in range(20):
         with pytest.raises(DeviceError, match="injected fault"):
-            Engine(EngineConfig(backend="capture_faulty"), device="sim", pm=pm)
+            Engine(EngineConfig(backend="wctest_capture_faulty"), device="sim", pm=pm)
     gc.collect()
     assert threading.active_count() == threads
     assert len(cache) == entries

@@ -67,7 +67,7 @@ def _worker(rank: int, store: str, out: str, extra: str, cells: str) -> None:
     try:
         pm = WarcorePluginManager()  # builtins only: the test controls the plugin set
         if rank == 1 and extra:
-            pm.register({"later": LaterDecode(), "same": SameAnswer()}[extra], name="extra")
+            pm.register({"later": LaterDecode(), "same": SameAnswer()}[extra], name="wctest_extra")
         chosen = CELLS if cells == "few" else None
         try:
             report = check_ranks_agree(cells=chosen, pm=pm)
@@ -104,8 +104,8 @@ def test_an_extra_plugin_on_rank_1_is_named_with_the_cells_it_changes(tmp_path: 
         assert "rank(s) 1 differ from rank 0" in message
         assert "boundary=IN_REPLAY record=in_graph_node" in message  # rank 0
         assert "boundary=POST_REPLAY record=post_replay" in message  # rank 1
-        assert "plugin:extra" in message  # rank 1's provenance names the plugin
-        assert "plugins on rank 1:" in message and "extra=" in message
+        assert "plugin:wctest_extra" in message  # rank 1's provenance names the plugin
+        assert "plugins on rank 1:" in message and "wctest_extra=" in message
 
 
 def test_equal_plugin_sets_pass(tmp_path: Path) -> None:
@@ -127,9 +127,9 @@ def test_a_different_plugin_that_decides_alike_agrees(tmp_path: Path) -> None:
 def test_fingerprint_follows_decisions_not_provenance() -> None:
     plain = WarcorePluginManager()
     same = WarcorePluginManager()
-    same.register(SameAnswer(), name="same")
+    same.register(SameAnswer(), name="wctest_same")
     later = WarcorePluginManager()
-    later.register(LaterDecode(), name="later")
+    later.register(LaterDecode(), name="wctest_later")
     assert fingerprint(plain, CELLS) == fingerprint(same, CELLS)
     assert fingerprint(plain, CELLS) != fingerprint(later, CELLS)
     table = decisions(later, CELLS)

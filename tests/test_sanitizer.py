@@ -85,7 +85,7 @@ def test_one_late_read_of_one_element_of_one_row_is_caught(use_graphs: bool) -> 
     # The contract default (IN_REPLAY) for the graph; the eager path declared the same.
     eager = {ForwardMode.DECODE: SharedReadBoundary.IN_REPLAY}
     pm = make_plugin_manager(DeclaredBackend(OneElementLateReader, {}, eager=eager))
-    report = sanitize("one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL)
+    report = sanitize("wctest_one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL)
     assert report.violation is not None, report.format()
     assert report.violation.forward_mode is ForwardMode.DECODE
     point = RecordPoint.IN_GRAPH_NODE if use_graphs else RecordPoint.AFTER_IN_GRAPH_INIT
@@ -95,7 +95,7 @@ def test_one_late_read_of_one_element_of_one_row_is_caught(use_graphs: bool) -> 
         OneElementLateReader, {ForwardMode.DECODE: SharedReadBoundary.POST_REPLAY}
     )
     pm = make_plugin_manager(honest)
-    assert sanitize("one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL).sound
+    assert sanitize("wctest_one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL).sound
 
 
 @pytest.mark.parametrize("backend", [HiddenLateReader, UndeclaredHiddenReader])
