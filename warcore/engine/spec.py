@@ -109,8 +109,8 @@ class StepWorker:
         self.vocab_size = r.model.cfg.vocab_size
         self._invalid_drafts = torch.zeros((), dtype=torch.int64, device=r.device.torch_device)
         """Drafts replaced at the contract boundary since :meth:`reset_problems` (device)."""
-        self._raised: dict[str, list[str]] = {}
-        """Drafter method -> what each call that raised raised (appended by stream work)."""
+        self._raised: dict[str, tuple[int, str]] = {}
+        """Drafter method -> (calls that raised, what the first raised); stream work."""
 
     # -- the event owner --------------------------------------------------------------------
     _owner_cache: object = None
@@ -300,7 +300,8 @@ class StepWorker:
         try:
             fn(*args)
         except Exception as exc:
-            self._raised.setdefault(method, []).append(f"{type(exc).__name__}: {exc}")
+            n, first = self._raised.get(method, (0, f"{type(exc).__name__}: {exc}"))
+            self._raised[method] = (n + 1, first)
 
     def _launch(self, fn: Callable[[], object], label: str) -> None:
         """Step work after the forwards, on the forward stream, through the target runner's
@@ -335,10 +336,10 @@ class StepWorker:
                 f"vocabulary (valid: 0..{self.vocab_size - 1}); token 0 was verified in their "
                 "place (a wrong draft costs acceptance, never correctness)"
             )
-        for method, errors in sorted(self._raised.items()):
+        for method, (n, first) in sorted(self._raised.items()):
             problems[method] = (
-                f"{self.owner}: its drafter's {method}() raised {len(errors)} time(s), first "
-                f"{errors[0]}; the step went on with the drafts as they were (any draft is safe)"
+                f"{self.owner}: its drafter's {method}() raised {n} time(s), first {first}; "
+                "the step went on with the drafts as they were (any draft is safe)"
             )
         return problems
 
