@@ -139,6 +139,7 @@ def _none_factory(target: Any, num_draft: int, device: Any) -> Any:
     ],
     ids=["raises", "none", "draft-model-raises", "draft-model-none"],
 )
+@pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
 def test_a_broken_drafter_factory_is_one_line_naming_the_algorithm_and_plugin(
     register_for_test: Callable[..., Any],
     capsys: pytest.CaptureFixture[str],

@@ -98,6 +98,7 @@ def test_a_plugin_authors_match_on_the_documented_word_works() -> None:
 # -- the tracer's note beside a drafter's late read -----------------------------------------
 
 
+@pytest.mark.plugins("dflash")
 def test_the_tracer_sees_the_drafters_read_after_the_forwards() -> None:
     pm = make_plugin_manager(PeekingAlgorithm())
     trace = trace_reads("wctest_peek_native", "wctest_peek", pm=pm, num_draft=2, model=TINY_MODEL)
