@@ -247,3 +247,29 @@ def test_a_str_flag_keeps_its_text_and_a_child_must_be_a_backend(
     assert parse_flag("hybrid_decode_backend=1") == ("hybrid_decode_backend", "1")  # not int 1
     status, err, _ = _main(capsys, ["matrix", "--flag", "hybrid_decode_backend=1"])
     assert status == 2 and "unknown backend '1'" in err[0]
+
+
+def test_modelled_time_is_bounded_in_the_engine_too() -> None:
+    from warcore.cli._common import MILLISECONDS
+    from warcore.engine import EngineConfig
+    from warcore.engine.engine import MAX_MODELLED_S
+
+    assert MILLISECONDS.most == MAX_MODELLED_S * 1e3  # the CLI's limit is the engine's
+    for name in ("modelled_layer_s", "schedule_work_s"):
+        with pytest.raises(ValueError, match=f"{name} must be at most 1 s"):
+            EngineConfig(**{name: 1e306})  # type: ignore[arg-type]
+        EngineConfig(**{name: MAX_MODELLED_S})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "culprit"),
+    [
+        (["bench", "overlap", "--backend", "nope"], "unknown backend 'nope'"),
+        (["bench", "sweep", "--backend", "nope"], "unknown backend 'nope'"),
+        (["bench", "overlap", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    ],
+)
+def test_bench_names_are_checked_before_measuring(args: list[str], culprit: str) -> None:
+    result = _warcore(*args, "--requests", "1", "--repeat", "1", "--quiet")
+    assert result.returncode == 2, result.stdout + result.stderr  # was: a traceback
+    assert "Traceback" not in result.stderr and culprit in result.stderr.strip().splitlines()[-1]

@@ -33,6 +33,7 @@ from warcore.cli._common import (
     Parser,
     UsageError,
     add_number,
+    check_offered,
     check_writable,
     plugin_manager,
 )
@@ -90,7 +91,9 @@ def _run_lookup(args: argparse.Namespace) -> int:
 
 
 def _add_common(parser: argparse.ArgumentParser, requests: int, repeat: int) -> None:
-    parser.add_argument("--device", default="sim", help="sim (default) or cuda")
+    parser.add_argument(
+        "--device", default="sim", choices=("sim", "cuda"), help="sim (default) or cuda"
+    )
     parser.add_argument("--backend", default=overlap.DEFAULT_BACKEND, help="attention backend")
     add_number(parser, "--requests", REQUESTS, requests, "requests in the trace")
     add_number(parser, "--seed", SEED, 0, "trace seed")
@@ -136,6 +139,7 @@ def _configure_overlap(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_overlap(args: argparse.Namespace) -> int:
+    check_offered(plugin_manager(), "backend", args.backend)
     _check_outputs(args, "overlap")
     result = overlap.measure_overlap(_settings(args))
     print(overlap.overlap_table(result))
@@ -164,6 +168,7 @@ def _configure_sweep(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
+    check_offered(plugin_manager(), "backend", args.backend)
     if args.plot:
         from warcore.bench import plot
 

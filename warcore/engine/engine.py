@@ -52,6 +52,7 @@ from warcore.runners import ModelRunner, RowState, RunnerGroup, StepOutput
 __all__ = [
     "FENCES",
     "LOOPS",
+    "MAX_MODELLED_S",
     "Engine",
     "EngineConfig",
     "EngineFailed",
@@ -63,6 +64,12 @@ Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
 LOOPS: tuple[Loop, ...] = ("overlap", "serial")
+
+
+MAX_MODELLED_S = 1.0
+"""The most modelled device time :class:`EngineConfig` takes per layer (``modelled_layer_s``)
+or per step (``schedule_work_s``): a second. More is a typo (``--layer-ms 1e308`` once failed
+mid-run with an overflow in the sim device's clock)."""
 
 
 class EngineFailed(RuntimeError):
@@ -112,6 +119,11 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            if value > MAX_MODELLED_S:
+                raise ValueError(
+                    f"{name} must be at most {MAX_MODELLED_S:g} s (modelled device time per "
+                    f"layer or step), got {value!r}"
+                )
         if not isinstance(self.flags, tuple):
             raise ValueError(f"flags must be a tuple of (name, value) pairs, got {self.flags!r}")
 
