@@ -50,7 +50,7 @@ class OneElementLateReader(TorchNativeBackend):
     the first admitted request's row) in its last layer, through a view, and lets the value
     nudge the attention output. Its honest boundary is POST_REPLAY."""
 
-    name = "one_element"
+    name = "wctest_one_element"
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -66,7 +66,7 @@ class HiddenLateReader(TorchNativeBackend):
     """Reads ``req_to_token`` in its last layer through numpy, which torch's dispatcher never
     sees (like a custom kernel), and declares the read when ``declare`` is set."""
 
-    name = "hidden_reader"
+    name = "wctest_hidden_reader"
     declare = True
 
     def forward(
@@ -83,7 +83,7 @@ class HiddenLateReader(TorchNativeBackend):
 
 
 class UndeclaredHiddenReader(HiddenLateReader):
-    name = "hidden_undeclared"
+    name = "wctest_hidden_undeclared"
     declare = False
 
 
@@ -91,7 +91,7 @@ class PeekingAlgorithm:
     """A dflash-family algorithm whose drafter reads ``req_to_token`` after the verify (a
     bug the algorithm's publish phase hides: it says the verify is the step's last reader).
 
-    The drafter factory gets no pool, so the backend factory of ``peek_native`` (plain
+    The drafter factory gets no pool, so the backend factory of ``wctest_peek_native`` (plain
     ``torch_native``) hands its pool over: the engine builds the backend before the drafter.
     """
 
@@ -106,7 +106,7 @@ class PeekingAlgorithm:
 
         return [
             BackendSpec(
-                "peek_native",
+                "wctest_peek_native",
                 make,
                 "torch_native, handing its pool over",
                 follows_contract=CONTRACT_MODES,  # torch_native's code
@@ -118,19 +118,19 @@ class PeekingAlgorithm:
         def drafter(target: Any, num_draft: int, device: Any) -> PeekingDrafter:
             return PeekingDrafter(self.pool.req_to_token, num_draft, target.cfg.vocab_size)
 
-        return [AlgorithmSpec("peek", "dflash", "drafts from the page table", drafter=drafter)]
+        return [AlgorithmSpec("wctest_peek", "dflash", "drafts from the page table", drafter)]
 
     @warcore.hookimpl
     def warcore_is_war_publish_phase(
         self, algorithm: str, forward_mode: ForwardMode
     ) -> bool | None:
-        if algorithm != "peek":
+        if algorithm != "wctest_peek":
             return None
         return forward_mode in (ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND)
 
 
 class PeekNative(TorchNativeBackend):
-    name = "peek_native"
+    name = "wctest_peek_native"
 
 
 class PeekingDrafter:

@@ -46,7 +46,7 @@ def dense_greedy(model: TinyLlama, prompt: list[int], n: int) -> list[int]:
 class LateReaderBackend(TorchNativeBackend):
     """Re-reads the live page table in its last layer: its honest boundary is POST_REPLAY."""
 
-    name = "late_reader"
+    name = "wctest_late_reader"
 
     def forward(
         self,
@@ -62,19 +62,19 @@ class LateReaderBackend(TorchNativeBackend):
 
 
 class LateReaderPlugin:
-    """Offers ``late_reader`` and declares its DECODE boundary as told."""
+    """Offers ``wctest_late_reader`` and declares its DECODE boundary as told."""
 
     def __init__(self, decode_boundary: SharedReadBoundary) -> None:
         self.decode_boundary = decode_boundary
 
     @warcore.hookimpl
     def warcore_attention_backends(self) -> list[warcore.BackendSpec]:
-        return [warcore.BackendSpec("late_reader", LateReaderBackend, "reads late (test)")]
+        return [warcore.BackendSpec("wctest_late_reader", LateReaderBackend, "reads late (test)")]
 
     @warcore.hookimpl
     def warcore_shared_read_boundary(
         self, backend: str, forward_mode: ForwardMode
     ) -> SharedReadBoundary | None:
-        if backend == "late_reader" and forward_mode is ForwardMode.DECODE:
+        if backend == "wctest_late_reader" and forward_mode is ForwardMode.DECODE:
             return self.decode_boundary
         return None

@@ -55,9 +55,14 @@ class FakeDists:
         version: str = "1.0",
         module: str | None = None,
     ) -> str:
-        """Install a fake distribution whose ``warcore`` entry point ``entry`` is a module."""
-        dist = dist or f"warcore-fake-{entry.replace('_', '-')}"
-        module = module or f"_wcfake_{entry}"
+        """Install a fake distribution whose ``warcore`` entry point ``entry`` is a module.
+
+        ``entry`` is a fixture name, ``wctest_<name>`` (the reserved prefix: a real plugin
+        cannot take it; ``tests/test_fixture_names.py``); the distribution is
+        ``warcore-fake-<name>`` and the module ``_wcfake_<name>`` unless given."""
+        short = entry.removeprefix("wctest_")
+        dist = dist or f"warcore-fake-{short.replace('_', '-')}"
+        module = module or f"_wcfake_{short}"
         (self.root / f"{module}.py").write_text(textwrap.dedent(source))
         info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()

@@ -39,7 +39,7 @@ def _warcore(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (["run", "--loop", "sideways"], "'sideways'", "overlap, serial"),
         (["run", "--dtype", "float8"], "'float8'", "float64"),
         (["run", "--requests", "0"], "--requests", "at least 1"),
-        (["run", "--num-draft", "0"], "num_draft", "at least 1"),
+        (["run", "--num-draft", "0"], "--num-draft", "at least 1"),
     ],
 )
 @pytest.mark.slow
@@ -113,7 +113,7 @@ def _one_line(result: subprocess.CompletedProcess[str]) -> str:
 def test_num_draft_past_what_the_engine_can_capture_names_the_limit() -> None:
     line = _one_line(_warcore("run", "--algorithm", "dflash", "--num-draft", "32"))
     assert len(_warcore("run", "--num-draft", "32").stderr.strip().splitlines()) == 1
-    assert "num_draft 32" in line and "at most 31" in line and "512-token" in line
+    assert "--num-draft" in line and "at most 31" in line and "512-token" in line
     assert EngineConfig().max_num_draft == 31
     with pytest.raises(ValueError, match="at most 31"):
         EngineConfig(num_draft=32)
@@ -332,7 +332,7 @@ def test_a_wrapper_backend_that_is_its_own_child_is_named_and_coarse() -> None:
     from warcore.attention.torch_native import TorchNativeBackend
 
     class SelfWrapping(TorchNativeBackend):
-        name = "self_wrapping"
+        name = "wctest_self_wrapping"
 
         def __init__(self) -> None:  # no pool needed: only resolved, never run
             pass
@@ -342,8 +342,8 @@ def test_a_wrapper_backend_that_is_its_own_child_is_named_and_coarse() -> None:
 
     # Issue 17: not an error that breaks the tools, the coarse fence naming the cycle.
     resolved = resolve_shared_read_boundary(SelfWrapping(), "DECODE")
-    assert resolved.source == "default:failed:backend:self_wrapping"
-    assert "cycle: self_wrapping -> self_wrapping" in resolved.failures[0].error
+    assert resolved.source == "default:failed:backend:wctest_self_wrapping"
+    assert "cycle: wctest_self_wrapping -> wctest_self_wrapping" in resolved.failures[0].error
 
 
 def test_latest_of_a_string_names_the_string() -> None:
@@ -371,7 +371,7 @@ def test_a_fault_during_graph_capture_releases_the_device_and_the_cache() -> Non
     from warcore.engine import Engine
 
     class CaptureFaulty(TorchNativeBackend):
-        name = "capture_faulty"
+        name = "wctest_capture_faulty"
 
         def init_forward_metadata_in_graph(self, batch: object) -> None:
             raise _CaptureFault("injected fault in the in-graph init")
@@ -379,17 +379,19 @@ def test_a_fault_during_graph_capture_releases_the_device_and_the_cache() -> Non
     class Plugin:
         @warcore.hookimpl
         def warcore_attention_backends(self) -> list[warcore.BackendSpec]:
-            return [warcore.BackendSpec("capture_faulty", CaptureFaulty, "raises at capture")]
+            return [
+                warcore.BackendSpec("wctest_capture_faulty", CaptureFaulty, "raises at capture")
+            ]
 
     pm = WarcorePluginManager(LoaderConfig())
     pm.load_entry_points()
-    pm.register(Plugin(), name="capture_faulty_plugin")
+    pm.register(Plugin(), name="wctest_capture_faulty_plugin")
     cache = get_decision_cache(pm)
     gc.collect()
     threads, entries = threading.active_count(), len(cache)
     for _ in range(20):
         with pytest.raises(DeviceError, match="injected fault"):
-            Engine(EngineConfig(backend="capture_faulty"), device="sim", pm=pm)
+            Engine(EngineConfig(backend="wctest_capture_faulty"), device="sim", pm=pm)
     gc.collect()
     assert threading.active_count() == threads
     assert len(cache) == entries

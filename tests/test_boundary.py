@@ -121,8 +121,8 @@ def test_algorithm_spec_validates_name_and_family() -> None:
 
 
 def test_backend_spec_needs_a_callable_factory() -> None:
-    with pytest.raises(TypeError, match="'mine': factory must be callable"):
-        BackendSpec("mine", "not callable")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'wctest_mine': factory must be callable"):
+        BackendSpec("wctest_mine", "not callable")  # type: ignore[arg-type]
 
 
 def test_boundary_context_validates_and_normalises_flags() -> None:

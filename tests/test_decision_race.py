@@ -66,19 +66,19 @@ class PostReplay:
 def test_a_decision_resolved_under_an_older_plugin_set_is_never_served() -> None:
     pm = make_plugin_manager()
     held = HeldHook()
-    pm.register(held, name="held")
+    pm.register(held, name="wctest_held")
     cache = get_decision_cache(pm)
     handle = cache.handle(KEY)  # what a runner holds from capture on
     got: list[Any] = []
     looker = threading.Thread(target=lambda: got.append(cache[handle]))
     looker.start()
     assert held.entered.wait(10)  # thread A is inside the resolution, under the old set
-    pm.register(PostReplay(), name="post")  # the declaration that moves decode later
+    pm.register(PostReplay(), name="wctest_post")  # the declaration that moves decode later
     held.release.set()
     looker.join(10)
     assert not looker.is_alive()
     fresh = decide(pm, *KEY)
-    assert (fresh.record_point, fresh.source) == (P.POST_REPLAY, "plugin:post")
+    assert (fresh.record_point, fresh.source) == (P.POST_REPLAY, "plugin:wctest_post")
     # Neither the runner's next replay nor thread A itself sees the stale IN_GRAPH_NODE.
     assert cache[handle].record_point is P.POST_REPLAY
     assert got[0].record_point is P.POST_REPLAY
@@ -108,11 +108,11 @@ def test_thread_stress_lookups_and_resolutions_while_plugins_come_and_go() -> No
         try:
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
-                pm.register(plugin, name="post")
+                pm.register(plugin, name="wctest_post")
                 # After the change returns, no lookup may serve the old decision.
                 if cache[handle].record_point is not P.POST_REPLAY:
                     stale.append("registered, but IN_GRAPH_NODE was served")
-                pm.unregister(name="post")
+                pm.unregister(name="wctest_post")
                 if cache[handle].record_point is not P.IN_GRAPH_NODE:
                     stale.append("unregistered, but POST_REPLAY was served")
         except BaseException as exc:  # noqa: BLE001
@@ -144,11 +144,11 @@ class VetoingAlgorithm:
 
     @hookimpl
     def warcore_speculative_algorithms(self) -> list[AlgorithmSpec]:
-        return [AlgorithmSpec("quiet", "none", "never the publish phase")]
+        return [AlgorithmSpec("wctest_quiet", "none", "never the publish phase")]
 
     @hookimpl
     def warcore_is_war_publish_phase(self, algorithm: str, forward_mode: ForwardMode) -> Any:
-        if algorithm != "quiet":
+        if algorithm != "wctest_quiet":
             return None
         if isinstance(self.answer, Exception):
             raise self.answer
@@ -157,24 +157,27 @@ class VetoingAlgorithm:
 
 @pytest.mark.parametrize(
     ("answer", "source"),
-    [(False, "phase:plugin:quiet"), (RuntimeError("no"), "phase:default:failed:quiet")],
+    [
+        (False, "phase:plugin:wctest_quiet"),
+        (RuntimeError("no"), "phase:default:failed:wctest_quiet"),
+    ],
 )
 @pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.EXTEND, M.DRAFT_EXTEND_V2])
 def test_a_false_or_failing_publish_phase_publishes_nothing_in_every_mode(
     answer: Any, source: str, mode: ForwardMode
 ) -> None:
     pm = make_plugin_manager()
-    pm.register(VetoingAlgorithm(answer), name="quiet")
+    pm.register(VetoingAlgorithm(answer), name="wctest_quiet")
     for execution in Execution:
         kind = {M.EXTEND: RunnerKind.PREFILL, M.DRAFT_EXTEND_V2: RunnerKind.DRAFT_EXTEND}.get(
             mode, RunnerKind.DECODE
         )
-        d = decide(pm, kind, "torch_native", mode, BoundaryContext("quiet"), execution)
+        d = decide(pm, kind, "torch_native", mode, BoundaryContext("wctest_quiet"), execution)
         assert (d.record_point, d.source) == (P.NONE, source), (mode, execution)
     # The matrix agrees with the runner: no cell pairs publish_phase False with a record point.
     for row in build_matrix(pm):
         r = row.as_dict()
-        if r["algorithm"] == "quiet":
+        if r["algorithm"] == "wctest_quiet":
             assert r["publish_phase"] is False and r["record_point"] == "none", r
             assert r["eager_record_point"] == "none", r
 

@@ -356,7 +356,7 @@ class _CountingPlugin:
 def test_decision_cache_resolves_once_then_is_a_dict_hit() -> None:
     pm = _manager()
     counter = _CountingPlugin()
-    pm.register(counter, name="counter")
+    pm.register(counter, name="wctest_counter")
     cache = get_decision_cache(pm)
     assert get_decision_cache(pm) is cache
     key: DecisionKey = (RunnerKind.PREFILL, "counted", M.EXTEND, BoundaryContext("none"), PLANTED)

@@ -154,7 +154,7 @@ def late_reader_pm() -> Iterator[tuple[WarcorePluginManager, LateReaderPlugin]]:
 
 
 def _late_reader_serial(pm: WarcorePluginManager, requests: list[Request]) -> dict[int, list[int]]:
-    return run(EngineConfig(backend="late_reader", loop="serial"), requests, pm=pm).outputs
+    return run(EngineConfig(backend="wctest_late_reader", loop="serial"), requests, pm=pm).outputs
 
 
 @pytest.mark.slow
@@ -165,7 +165,7 @@ def test_the_race_is_real(late_reader_pm: tuple[WarcorePluginManager, LateReader
     pm, plugin = late_reader_pm
     requests = synthetic_trace(40, seed=11, output_len=(2, 16))
     expected = _late_reader_serial(pm, requests)
-    early = EngineConfig(backend="late_reader", fence="fine")
+    early = EngineConfig(backend="wctest_late_reader", fence="fine")
     corrupted = 0
     for _ in range(5):
         report = run(early, requests, pm=pm)
@@ -177,7 +177,7 @@ def test_the_race_is_real(late_reader_pm: tuple[WarcorePluginManager, LateReader
 
     for _ in range(3):
         assert (
-            run(EngineConfig(backend="late_reader", fence="coarse"), requests, pm=pm).outputs
+            run(EngineConfig(backend="wctest_late_reader", fence="coarse"), requests, pm=pm).outputs
             == expected
         )
 

@@ -46,7 +46,7 @@ class KernelFault(RuntimeError):
 class FaultyBackend(TorchNativeBackend):
     """Raises in one phase once ``armed`` calls of that phase have passed."""
 
-    name = "faulty"
+    name = "wctest_faulty"
     phase = "body"
     armed: int | None = None
 
@@ -78,7 +78,7 @@ class FaultyBackend(TorchNativeBackend):
 class FaultyPlugin:
     @warcore.hookimpl
     def warcore_attention_backends(self) -> list[warcore.BackendSpec]:
-        return [warcore.BackendSpec("faulty", FaultyBackend, "raises on demand (test)")]
+        return [warcore.BackendSpec("wctest_faulty", FaultyBackend, "raises on demand (test)")]
 
 
 def _manager(*plugins: object) -> WarcorePluginManager:
@@ -100,7 +100,7 @@ def expected() -> dict[int, list[int]]:
 @pytest.mark.parametrize("phase", ["out_graph", "in_graph", "body"])
 @pytest.mark.parametrize("loop", ["overlap", "serial"])
 def test_a_raising_forward_stops_the_engine_cleanly(phase: str, loop: str, device: str) -> None:
-    config = EngineConfig(backend="faulty", loop=loop)  # type: ignore[arg-type]
+    config = EngineConfig(backend="wctest_faulty", loop=loop)  # type: ignore[arg-type]
     with bounded(60), Engine(config, device=device, pm=_manager(FaultyPlugin())) as engine:
         FaultyBackend.phase, FaultyBackend.armed = phase, 25  # after graph capture, mid-run
         try:
@@ -120,7 +120,9 @@ def test_a_raising_forward_stops_the_engine_cleanly(phase: str, loop: str, devic
 
 
 def test_an_engine_without_faults_reports_no_stop() -> None:
-    with Engine(EngineConfig(backend="faulty"), device="sim", pm=_manager(FaultyPlugin())) as e:
+    with Engine(
+        EngineConfig(backend="wctest_faulty"), device="sim", pm=_manager(FaultyPlugin())
+    ) as e:
         report = e.run(TRACE)
     assert report.stopped is None and not report.errors
     assert report.outputs == expected()

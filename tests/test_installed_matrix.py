@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 PUBLISHING_AT_EXTEND = {"none", "dflash", "dspark", "ngram"}  # eagle's prefill does not publish
+OUR_ALGORITHMS = PUBLISHING_AT_EXTEND | {"eagle"}
+"""The core's and this repository's algorithms, whose publish phases the README documents."""
 OUR_BACKENDS = {"torch_native", "trtllm_mha", "deepseek_v4"}
 
 
@@ -59,16 +61,54 @@ def test_plugins_lists_exactly_the_installed_plugins(installed: set[str]) -> Non
             assert info["distribution"] and info["version"]
 
 
+def _offers(installed: set[str]) -> dict[str, dict[str, Any]]:
+    """What the core and every installed plugin offer, asked of their own spec hooks (not of
+    warcore's registry): ``{"backends" | "algorithms": {name: spec}}``, without the names two
+    plugins offer (those are disabled; a plugin's offer of a core name is ignored)."""
+    from warcore.core import _builtins
+
+    offered: dict[str, dict[str, list[tuple[str, Any]]]] = {"backends": {}, "algorithms": {}}
+    sources: list[tuple[str, object]] = [("warcore", _builtins)]
+    for ep in md.entry_points(group="warcore"):
+        if ep.name in installed and ep.name != "broken_fixture":
+            sources.append((ep.name, ep.load()))
+    for plugin, module in sources:
+        for kind, hook in (
+            ("backends", "warcore_attention_backends"),
+            ("algorithms", "warcore_speculative_algorithms"),
+        ):
+            function = getattr(module, hook, None)
+            for spec in (function() or ()) if callable(function) else ():
+                offered[kind].setdefault(spec.name, []).append((plugin, spec))
+    result: dict[str, dict[str, Any]] = {}
+    for kind, names in offered.items():
+        result[kind] = {}
+        for name, offers in names.items():
+            core = [spec for plugin, spec in offers if plugin == "warcore"]
+            if core or len(offers) == 1:
+                result[kind][name] = core[0] if core else offers[0][1]
+    return result
+
+
 def test_matrix_covers_exactly_the_installed_backends_and_algorithms(installed: set[str]) -> None:
     rows = _json("matrix")["rows"]
     backends = {r["backend"] for r in rows}
     algorithms = {r["algorithm"] for r in rows}
-    assert {"torch_native"} <= backends
+    offers = _offers(installed)
+    # Every name in the matrix is offered by the core or exactly one installed plugin, and
+    # every one offered for the reference engine is in it (an engine's own names, sglang's,
+    # meet only that engine's).
+    assert backends <= set(offers["backends"]) and algorithms <= set(offers["algorithms"])
+    ours = {n for n, spec in offers["backends"].items() if spec.engine == "warcore"}
+    assert ours <= backends
+    assert {n for n, spec in offers["algorithms"].items() if spec.engine == "warcore"} <= algorithms
+    assert {"torch_native", "hybrid", "layer_hybrid"} <= backends and {
+        "none",
+        "eagle",
+    } <= algorithms
     assert ("trtllm_mha" in backends) == ("trtllm_mha" in installed)
     assert ("deepseek_v4" in backends) == ("deepseek_v4" in installed)
-    assert algorithms == {"none", "eagle"} | (
-        {"dflash", "dspark"} if "dflash" in installed else set()
-    ) | ({"ngram"} if "ngram" in installed else set())  # examples/ngram_algorithm
+    assert ("dflash" in algorithms) == ("dflash" in installed)
 
 
 def test_extend_publishes_only_through_the_snapshotting_plugins(installed: set[str]) -> None:
@@ -78,6 +118,8 @@ def test_extend_publishes_only_through_the_snapshotting_plugins(installed: set[s
     for row in _json("matrix")["rows"]:
         if row["mode"] != "EXTEND" or row["backend"] not in OUR_BACKENDS:
             continue  # a third-party backend (the acme example) declares for itself
+        if row["algorithm"] not in OUR_ALGORITHMS:
+            continue  # so does a third-party algorithm: its publish phase is its own
         publishes = row["backend"] in snapshotting and row["algorithm"] in PUBLISHING_AT_EXTEND
         assert row["record_point"] == ("pre_replay" if publishes else "none"), row
         assert row["per_batch"] is publishes, row

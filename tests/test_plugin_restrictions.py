@@ -92,22 +92,23 @@ def warcore_attention_backends():
 def test_manager_use_at_import_fails_that_plugin_instead_of_hanging(
     fake: FakeDists, body: str
 ) -> None:
-    fake.add("reenter", body)
+    fake.add("wctest_reenter", body)
+    fake.add("wctest_reenter_then", DECLARES.format(boundary="PRE_REPLAY"))
     result = run_warcore("plugins", "--json", env=fake.env(), timeout=60)
     assert result.returncode == 0, result.stderr
     plugins = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
-    assert plugins["reenter"]["status"] == "failed"
-    error = plugins["reenter"]["error"]
-    assert "'reenter'" in error and "while it was being imported" in error, error
+    assert plugins["wctest_reenter"]["status"] == "failed"
+    error = plugins["wctest_reenter"]["error"]
+    assert "'wctest_reenter'" in error and "while it was being imported" in error, error
     assert "_plugin_manager()" in error
-    for name in REAL_PLUGINS:  # sorted after "reenter": loading went on
+    for name in [*REAL_PLUGINS, "wctest_reenter_then"]:  # the last sorts after it: went on
         assert plugins[name]["status"] == "active"
-    assert "'reenter'" in result.stderr  # the one load warning
+    assert "'wctest_reenter'" in result.stderr  # the one load warning
 
 
 def test_another_thread_waits_for_the_manager_being_built(fake: FakeDists) -> None:
     fake.add(
-        "spawns",
+        "wctest_spawns",
         """
         import threading
 
@@ -125,7 +126,7 @@ def test_another_thread_waits_for_the_manager_being_built(fake: FakeDists) -> No
     module.thread.join(10)
     assert module.waited and not module.thread.is_alive()
     assert module.results == [pm]
-    assert _info(pm, "spawns").status == "active"
+    assert _info(pm, "wctest_spawns").status == "active"
 
 
 # -- 2. allowlist and block list by identity --------------------------------------------------
@@ -220,9 +221,9 @@ def test_blocking_an_ambiguous_entry_point_name_blocks_every_holder(
 def test_distribution_named_like_an_entry_point_is_ambiguous(fake: FakeDists) -> None:
     """A distribution called ``dflash`` does not get in on the genuine plugin's name."""
     marker = fake.root / "imported.txt"
-    fake.add("evil", marks(marker), dist="dflash")
+    fake.add("wctest_evil", marks(marker), dist="dflash")
     pm = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "dflash"}))
-    assert _info(pm, "evil").status == "disabled"
+    assert _info(pm, "wctest_evil").status == "disabled"
     assert _info(pm, "dflash").status == "disabled"
     assert _imports(marker) == 0 and pm.allowlist_problems
 
@@ -245,7 +246,7 @@ def test_a_plugin_offering_a_core_name_is_an_error_and_the_builtin_stays(
         else f"warcore.AlgorithmSpec({name!r}, 'none', 'fake')"
     )
     fake.add(
-        "squatter",
+        "wctest_squatter",
         f"""
         import warcore
 
@@ -262,11 +263,11 @@ def test_a_plugin_offering_a_core_name_is_an_error_and_the_builtin_stays(
     registry = get_registry(_load())
     table = registry.backends if kind == "backend" else registry.algorithms
     assert table[name].plugin == BUILTIN_PLUGIN_NAME
-    (problem,) = [p for p in registry.problems if "squatter" in p]
+    (problem,) = [p for p in registry.problems if "wctest_squatter" in p]
     assert f"{kind} {name!r}" in problem and "core" in problem
     result = run_warcore("check", env=fake.env())
     assert result.returncode == 1
-    assert any("'squatter" in line and name in line for line in result.stdout.splitlines())
+    assert any("'wctest_squatter" in line and name in line for line in result.stdout.splitlines())
 
 
 def test_an_entry_point_named_like_the_core_plugin_fails(fake: FakeDists) -> None:
@@ -284,7 +285,7 @@ def test_an_entry_point_named_like_the_core_plugin_fails(fake: FakeDists) -> Non
 @pytest.mark.parametrize(
     "env",
     [
-        {"WARCORE_DISABLE_PLUGINS": "spy"},
+        {"WARCORE_DISABLE_PLUGINS": "wctest_spy"},
         {"WARCORE_PLUGINS": "trtllm_mha"},
         {"WARCORE_PLUGINS": ""},
     ],
@@ -295,7 +296,7 @@ def test_bench_startup_children_never_import_a_blocked_plugin(
     from warcore.bench import startup as bench_startup
 
     marker = fake.root / "imported.txt"
-    fake.add("spy", marks(marker))
+    fake.add("wctest_spy", marks(marker))
     monkeypatch.setenv("PYTHONPATH", fake.env()["PYTHONPATH"])
     for var, value in env.items():
         monkeypatch.setenv(var, value)
@@ -309,13 +310,14 @@ def test_bench_startup_children_never_import_a_blocked_plugin(
 
 
 @pytest.mark.parametrize(
-    "env", [{"WARCORE_DISABLE_PLUGINS": "warcore-fake-spy:spy"}, {"WARCORE_PLUGINS": "dflash"}]
+    "env",
+    [{"WARCORE_DISABLE_PLUGINS": "warcore-fake-spy:wctest_spy"}, {"WARCORE_PLUGINS": "dflash"}],
 )
 def test_no_command_imports_a_blocked_plugin(
     fake: FakeDists, tmp_path: Path, env: dict[str, str]
 ) -> None:
     marker = fake.root / "imported.txt"
-    fake.add("spy", marks(marker) + OFFERS_BACKEND.format(name="spy"))
+    fake.add("wctest_spy", marks(marker) + OFFERS_BACKEND.format(name="wctest_spy"))
     engine = ["--device", "sim", "--backend", "torch_native", "--requests", "2"]
     commands = [
         ["plugins"],
@@ -352,7 +354,7 @@ def test_unmarked_or_misspelled_hook_functions_fail_the_plugin_naming_them(
     fake: FakeDists,
 ) -> None:
     fake.add(
-        "unmarked",
+        "wctest_unmarked",
         """
         import warcore
 
@@ -367,38 +369,40 @@ def test_unmarked_or_misspelled_hook_functions_fail_the_plugin_naming_them(
         """,
     )
     fake.add(
-        "typo_unmarked",
+        "wctest_typo_unmarked",
         """
         def warcore_shared_read_boundry(backend, forward_mode, context):
             return None
         """,
     )
     pm = _load()
-    unmarked = _info(pm, "unmarked")
+    unmarked = _info(pm, "wctest_unmarked")
     assert unmarked.status == "failed"
     assert "'warcore_is_war_publish_phase'" in (unmarked.error or "")
     assert "hookimpl" in (unmarked.error or "")
-    typo = _info(pm, "typo_unmarked")
+    typo = _info(pm, "wctest_typo_unmarked")
     assert typo.status == "failed"
     assert "'warcore_shared_read_boundry'" in (typo.error or "")
     assert "warcore_shared_read_boundary" in (typo.error or "")  # the suggestion
-    assert not pm.has_plugin("unmarked") and not pm.has_plugin("typo_unmarked")
+    assert not pm.has_plugin("wctest_unmarked") and not pm.has_plugin("wctest_typo_unmarked")
 
 
 def test_a_plugin_with_no_hook_is_a_warning_and_a_check_problem(fake: FakeDists) -> None:
-    fake.add("inert", "X = 1\n")
+    fake.add("wctest_inert", "X = 1\n")
     pm = _load()
-    inert = _info(pm, "inert")
+    inert = _info(pm, "wctest_inert")
     assert inert.status == "active" and inert.hooks == ()
     assert any("no hook" in w for w in inert.warnings)
     data = _plugins_json(fake)
-    (entry,) = [p for p in data["plugins"] if p["name"] == "inert"]
+    (entry,) = [p for p in data["plugins"] if p["name"] == "wctest_inert"]
     assert entry["warnings"] and "no hook" in entry["warnings"][0]
     table = run_warcore("plugins", env=fake.env())
-    assert any("inert" in line and "no hook" in line for line in table.stdout.splitlines())
+    assert any("wctest_inert" in line and "no hook" in line for line in table.stdout.splitlines())
     result = run_warcore("check", env=fake.env())
     assert result.returncode == 1
-    assert any("'inert'" in line and "no hook" in line for line in result.stdout.splitlines())
+    assert any(
+        "'wctest_inert'" in line and "no hook" in line for line in result.stdout.splitlines()
+    )
 
 
 # -- 5. slow plugins are visible --------------------------------------------------------------
@@ -407,16 +411,18 @@ def test_a_plugin_with_no_hook_is_a_warning_and_a_check_problem(fake: FakeDists)
 def test_load_time_is_measured_and_a_slow_plugin_is_warned_about(
     fake: FakeDists, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake.add("sluggish", "import time\ntime.sleep(0.2)\n" + DECLARES.format(boundary="PRE_REPLAY"))
-    fake.add("quick", DECLARES.format(boundary="PRE_REPLAY"))
+    fake.add(
+        "wctest_sluggish", "import time\ntime.sleep(0.2)\n" + DECLARES.format(boundary="PRE_REPLAY")
+    )
+    fake.add("wctest_quick", DECLARES.format(boundary="PRE_REPLAY"))
     monkeypatch.setattr(manager_module, "SLOW_PLUGIN_SECONDS", 0.1)
     with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
         pm = _load()
-    slow, quick = _info(pm, "sluggish"), _info(pm, "quick")
+    slow, quick = _info(pm, "wctest_sluggish"), _info(pm, "wctest_quick")
     assert slow.load_ms is not None and slow.load_ms >= 200
     assert quick.load_ms is not None and quick.load_ms < 100
     assert any("slow" in w for w in slow.warnings) and not quick.warnings
-    messages = [r.getMessage() for r in caplog.records if "'sluggish'" in r.getMessage()]
+    messages = [r.getMessage() for r in caplog.records if "'wctest_sluggish'" in r.getMessage()]
     assert len(messages) == 1 and "0.1 s" in messages[0], messages
     data = _plugins_json(fake)
     assert all(isinstance(p["load_ms"], float) for p in data["plugins"] if p["status"] == "active")
@@ -455,7 +461,7 @@ def test_an_empty_allowlist_still_loads_none() -> None:
 @pytest.mark.plugins()
 def test_plugins_lists_runtime_registrations_and_who_made_them(fake: FakeDists) -> None:
     fake.add(
-        "outer",
+        "wctest_outer",
         """
         import warcore
 
@@ -467,28 +473,28 @@ def test_plugins_lists_runtime_registrations_and_who_made_them(fake: FakeDists) 
         class Inner:
             @warcore.hookimpl
             def warcore_attention_backends(self):
-                return [warcore.BackendSpec("inner_backend", _make, "registered at run time")]
+                return [warcore.BackendSpec("wctest_inner_backend", _make, "run-time plugin")]
 
 
         @warcore.hookimpl
         def warcore_speculative_algorithms():
             pm = warcore.get_plugin_manager()
-            if not pm.has_plugin("inner"):
-                pm.register(Inner(), name="inner")
+            if not pm.has_plugin("wctest_inner"):
+                pm.register(Inner(), name="wctest_inner")
             return []
         """,
     )
     data = _plugins_json(fake)
     plugins = {p["name"]: p for p in data["plugins"]}
-    assert plugins["inner"]["registered_by"] == "plugin:outer"
-    assert plugins["inner"]["status"] == "active"
-    assert plugins["inner"]["hooks"] == ["warcore_attention_backends"]
-    assert plugins["outer"]["registered_by"] == "entry point"
+    assert plugins["wctest_inner"]["registered_by"] == "plugin:wctest_outer"
+    assert plugins["wctest_inner"]["status"] == "active"
+    assert plugins["wctest_inner"]["hooks"] == ["warcore_attention_backends"]
+    assert plugins["wctest_outer"]["registered_by"] == "entry point"
     assert plugins[BUILTIN_PLUGIN_NAME]["registered_by"] == "core"
     for name in REAL_PLUGINS:
         assert plugins[name]["registered_by"] == "entry point"
     matrix = json.loads(run_warcore("matrix", "--json", env=fake.env()).stdout)
-    assert "inner_backend" in {row["backend"] for row in matrix["rows"]}
+    assert "wctest_inner_backend" in {row["backend"] for row in matrix["rows"]}
 
 
 def test_a_registration_from_elsewhere_is_runtime_and_unregistering_updates_it(
@@ -500,11 +506,11 @@ def test_a_registration_from_elsewhere_is_runtime_and_unregistering_updates_it(
             return []
 
     pm = _load()
-    pm.register(Loose(), name="loose")
-    loose = _info(pm, "loose")
+    pm.register(Loose(), name="wctest_loose")
+    loose = _info(pm, "wctest_loose")
     assert loose.registered_by == "runtime" and loose.status == "active"
-    pm.unregister(name="loose")
-    assert _info(pm, "loose").status == "disabled"
+    pm.unregister(name="wctest_loose")
+    assert _info(pm, "wctest_loose").status == "disabled"
 
 
 # -- 8. logged once ---------------------------------------------------------------------------
@@ -556,11 +562,11 @@ RAISING = (
 def test_a_raising_hook_is_logged_once_per_hook_in_a_whole_run(
     fake: FakeDists, algorithm: str
 ) -> None:
-    fake.add("raiser", RAISING_HOOKS)
+    fake.add("wctest_raiser", RAISING_HOOKS)
     args = ["--device", "sim", "--backend", "torch_native", "--algorithm", algorithm]
     args += ["--requests", "3", "--no-verify", "--progress", "never"]
     result = run_warcore("run", *args, env=fake.env(), timeout=300)
-    lines = [line for line in result.stderr.splitlines() if "'raiser'" in line]
+    lines = [line for line in result.stderr.splitlines() if "'wctest_raiser'" in line]
     for hook in RAISING:
         assert len([line for line in lines if hook in line]) == 1, (hook, lines)
     assert len(lines) == len(RAISING), lines
@@ -570,7 +576,7 @@ def test_a_failing_spec_hook_is_logged_once_per_reason(
     fake: FakeDists, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.add(
-        "flaky",
+        "wctest_flaky",
         """
         import warcore
 
@@ -588,7 +594,7 @@ def test_a_failing_spec_hook_is_logged_once_per_reason(
         for _ in range(4):
             pm.cached_registry = None
             get_registry(pm)
-    flaky = [r.getMessage() for r in caplog.records if "'flaky'" in r.getMessage()]
+    flaky = [r.getMessage() for r in caplog.records if "'wctest_flaky'" in r.getMessage()]
     assert len(flaky) == 2, flaky  # "attempt 1" once, "attempt 2" once
 
 
@@ -597,10 +603,10 @@ def test_a_failing_spec_hook_is_logged_once_per_reason(
 
 @pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
 def test_check_prints_grouped_lines_and_no_per_cell_warnings(fake: FakeDists) -> None:
-    fake.add("raiser", RAISING_HOOKS)
+    fake.add("wctest_raiser", RAISING_HOOKS)
     result = run_warcore("check", env=fake.env())
     assert result.returncode == 1
-    assert any("'raiser'" in line for line in result.stdout.splitlines())
+    assert any("'wctest_raiser'" in line for line in result.stdout.splitlines())
     assert result.stderr == "", result.stderr
     matrix = run_warcore("matrix", env=fake.env())
     assert matrix.returncode == 0

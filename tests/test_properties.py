@@ -109,7 +109,7 @@ def test_unknown_never_publishes_on_any_runner(
     kind: RunnerKind, mode: ForwardMode, execution: Execution, algorithm: str
 ) -> None:
     pm = WarcorePluginManager(LoaderConfig())
-    pm.register(_Answer(B.UNKNOWN), name="unknown")
+    pm.register(_Answer(B.UNKNOWN), name="wctest_unknown")
     decision = decide(pm, kind, "torch_native", mode, warcore.BoundaryContext(algorithm), execution)
     assert decision.record_point is RecordPoint.NONE
 

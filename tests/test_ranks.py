@@ -18,7 +18,14 @@ import torch.multiprocessing as tmp_mp
 
 import warcore
 from warcore import BoundaryContext, ForwardMode, SharedReadBoundary
-from warcore.audit.ranks import RankDisagreementError, check_ranks_agree, decisions, fingerprint
+from warcore.audit.ranks import (
+    DEFAULT_TIMEOUT_S,
+    RankCheckTimeout,
+    RankDisagreementError,
+    check_ranks_agree,
+    decisions,
+    fingerprint,
+)
 from warcore.core import WarcorePluginManager
 
 CELLS = [
@@ -60,7 +67,7 @@ def _worker(rank: int, store: str, out: str, extra: str, cells: str) -> None:
     try:
         pm = WarcorePluginManager()  # builtins only: the test controls the plugin set
         if rank == 1 and extra:
-            pm.register({"later": LaterDecode(), "same": SameAnswer()}[extra], name="extra")
+            pm.register({"later": LaterDecode(), "same": SameAnswer()}[extra], name="wctest_extra")
         chosen = CELLS if cells == "few" else None
         try:
             report = check_ranks_agree(cells=chosen, pm=pm)
@@ -97,8 +104,8 @@ def test_an_extra_plugin_on_rank_1_is_named_with_the_cells_it_changes(tmp_path: 
         assert "rank(s) 1 differ from rank 0" in message
         assert "boundary=IN_REPLAY record=in_graph_node" in message  # rank 0
         assert "boundary=POST_REPLAY record=post_replay" in message  # rank 1
-        assert "plugin:extra" in message  # rank 1's provenance names the plugin
-        assert "plugins on rank 1:" in message and "extra=" in message
+        assert "plugin:wctest_extra" in message  # rank 1's provenance names the plugin
+        assert "plugins on rank 1:" in message and "wctest_extra=" in message
 
 
 def test_equal_plugin_sets_pass(tmp_path: Path) -> None:
@@ -120,9 +127,9 @@ def test_a_different_plugin_that_decides_alike_agrees(tmp_path: Path) -> None:
 def test_fingerprint_follows_decisions_not_provenance() -> None:
     plain = WarcorePluginManager()
     same = WarcorePluginManager()
-    same.register(SameAnswer(), name="same")
+    same.register(SameAnswer(), name="wctest_same")
     later = WarcorePluginManager()
-    later.register(LaterDecode(), name="later")
+    later.register(LaterDecode(), name="wctest_later")
     assert fingerprint(plain, CELLS) == fingerprint(same, CELLS)
     assert fingerprint(plain, CELLS) != fingerprint(later, CELLS)
     table = decisions(later, CELLS)
@@ -138,3 +145,58 @@ def test_needs_an_initialised_group() -> None:
         pytest.skip("a process group is already initialised")
     with pytest.raises(RuntimeError, match="init_process_group"):
         check_ranks_agree(cells=CELLS, pm=WarcorePluginManager())
+
+
+# -- a rank that never joins the check ------------------------------------------------------
+
+
+def _absent_worker(rank: int, store: str, out: str, world: int, timeout: float) -> None:
+    """Every rank but the last calls the check; the last joins the process group and then
+    never calls it (it waits for the others' results, then leaves)."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        if rank == world - 1:
+            deadline = time.monotonic() + 120
+            others = [Path(out, f"rank{r}.json") for r in range(world - 1)]
+            while not all(p.exists() for p in others) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return
+        start = time.monotonic()
+        try:
+            check_ranks_agree(cells=CELLS, pm=WarcorePluginManager(), timeout=timeout)
+            result: dict[str, Any] = {"agree": True}
+        except RankCheckTimeout as exc:
+            result = {"error": str(exc), "missing": exc.missing, "answered": exc.answered}
+        result["elapsed"] = time.monotonic() - start
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_that_never_joins_is_named_within_the_timeout(tmp_path: Path) -> None:
+    store, world, timeout = tmp_path / "store", 3, 2.0
+    tmp_mp.spawn(
+        _absent_worker, args=(str(store), str(tmp_path), world, timeout), nprocs=world, join=True
+    )
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert "error" in result, result  # was: a wait of gloo's 30 minutes, then a bare error
+        assert (result["missing"], result["answered"]) == ([2], [0, 1])
+        message = result["error"]
+        assert message.startswith(f"warcore rank check (check_ranks_agree, on rank {rank}):")
+        assert "rank(s) 2 did not answer within 2 s; rank(s) 0, 1 did" in message
+        assert timeout <= result["elapsed"] < timeout + 10
+
+
+def test_the_default_timeout_is_short_and_a_bad_one_is_refused() -> None:
+    assert 0 < DEFAULT_TIMEOUT_S <= 120
+    import inspect
+
+    assert inspect.signature(check_ranks_agree).parameters["timeout"].default == DEFAULT_TIMEOUT_S
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+            check_ranks_agree(cells=CELLS, pm=WarcorePluginManager(), timeout=bad)

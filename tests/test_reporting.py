@@ -35,7 +35,9 @@ class Medusa:
 
     @warcore.hookimpl
     def warcore_speculative_algorithms(self) -> list[warcore.AlgorithmSpec]:
-        return [warcore.AlgorithmSpec("medusa", "medusa", "heads on the target (test)")]
+        return [
+            warcore.AlgorithmSpec("wctest_medusa", "wctest_medusa", "heads on the target (test)")
+        ]
 
 
 def _twin_backend(**kwargs: Any) -> Any:
@@ -47,7 +49,7 @@ def _twin_backend(**kwargs: Any) -> Any:
 class TwinA:
     @warcore.hookimpl
     def warcore_attention_backends(self) -> list[warcore.BackendSpec]:
-        return [warcore.BackendSpec("twin", _twin_backend, "offered twice (test)")]
+        return [warcore.BackendSpec("wctest_twin", _twin_backend, "offered twice (test)")]
 
 
 class TwinB(TwinA):
@@ -80,11 +82,11 @@ def test_naming_an_algorithm_that_cannot_be_sanitized_is_a_failure(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     register_for_test(Medusa())
-    assert cli.main(["sanitize", "--algorithm", "medusa", "--requests", "1"]) == 1
+    assert cli.main(["sanitize", "--algorithm", "wctest_medusa", "--requests", "1"]) == 1
     last = _last_line(capsys.readouterr().out)
     assert not last.startswith("all sound"), last
     assert "0 combinations sanitized" in last
-    assert "algorithm 'medusa'" in last and "family 'medusa'" in last
+    assert "algorithm 'wctest_medusa'" in last and "family 'wctest_medusa'" in last
     assert quick_sanitize == []
 
 
@@ -111,8 +113,8 @@ def test_all_says_how_many_were_skipped_and_why_and_fails_on_an_unaudited_name(
     match = re.match(r"(.*): (\d+) combinations? sanitized, (\d+) skipped \((.*)\)", last)
     assert match, last
     assert int(match.group(3)) == backends  # medusa with every backend
-    assert f"{backends} not runnable: its family 'medusa'" in match.group(4)
-    assert "algorithm 'medusa' had no combination sanitized" in last
+    assert f"{backends} not runnable: its family 'wctest_medusa'" in match.group(4)
+    assert "algorithm 'wctest_medusa' had no combination sanitized" in last
     assert int(match.group(2)) == len(quick_sanitize) > 0
 
 
@@ -127,9 +129,9 @@ def test_all_fails_when_a_duplicate_name_left_a_backend_unaudited(
     code = cli.main(["sanitize", "--all", "--requests", "1"])
     last = _last_line(capsys.readouterr().out)
     assert code == 1, last
-    assert "backend 'twin' had no combination sanitized" in last
+    assert "backend 'wctest_twin' had no combination sanitized" in last
     assert "more than one plugin" in last
-    assert all(backend != "twin" for backend, _ in quick_sanitize)
+    assert all(backend != "wctest_twin" for backend, _ in quick_sanitize)
 
 
 def test_all_on_the_clean_install_accounts_for_every_name(

@@ -87,7 +87,7 @@ def test_one_late_read_of_one_element_of_one_row_is_caught(use_graphs: bool) -> 
     eager = {ForwardMode.DECODE: SharedReadBoundary.IN_REPLAY}
     claim = DeclaredBackend(OneElementLateReader, {}, eager=eager, follows_contract=CONTRACT_MODES)
     pm = make_plugin_manager(claim)
-    report = sanitize("one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL)
+    report = sanitize("wctest_one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL)
     assert report.violation is not None, report.format()
     assert report.violation.forward_mode is ForwardMode.DECODE
     point = RecordPoint.IN_GRAPH_NODE if use_graphs else RecordPoint.AFTER_IN_GRAPH_INIT
@@ -97,7 +97,7 @@ def test_one_late_read_of_one_element_of_one_row_is_caught(use_graphs: bool) -> 
         OneElementLateReader, {ForwardMode.DECODE: SharedReadBoundary.POST_REPLAY}
     )
     pm = make_plugin_manager(honest)
-    assert sanitize("one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL).sound
+    assert sanitize("wctest_one_element", "none", pm=pm, use_graphs=use_graphs, **SMALL).sound
 
 
 @pytest.mark.parametrize("backend", [HiddenLateReader, UndeclaredHiddenReader])
@@ -139,7 +139,7 @@ def test_a_drafter_reading_after_the_verify_is_caught_in_its_own_step() -> None:
     step leaves is compared too, so a drafter's late read is caught where it happens."""
     algorithm = PeekingAlgorithm()
     pm = make_plugin_manager(algorithm)
-    report = sanitize("peek_native", "peek", pm=pm, num_draft=2, **SMALL)
+    report = sanitize("wctest_peek_native", "wctest_peek", pm=pm, num_draft=2, **SMALL)
     v = report.violation
     assert v is not None, report.format()
     assert v.kind == "later-work"
@@ -147,7 +147,7 @@ def test_a_drafter_reading_after_the_verify_is_caught_in_its_own_step() -> None:
     assert "drafts" in v.difference
     # The same backend with a drafter that reads nothing shared (dflash's) is sound.
     pm = make_plugin_manager(algorithm, entry_points=["dflash"])
-    assert sanitize("peek_native", "dflash", pm=pm, num_draft=2, **SMALL).sound
+    assert sanitize("wctest_peek_native", "dflash", pm=pm, num_draft=2, **SMALL).sound
 
 
 def test_cli_exit_status_and_rows(capsys: pytest.CaptureFixture[str]) -> None:

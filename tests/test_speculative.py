@@ -130,13 +130,13 @@ class OraclePlugin:
         def make(target: object, num_draft: int, device: object) -> OracleDrafter:
             return OracleDrafter(self.sequences, num_draft, self.corrupt)
 
-        return [warcore.AlgorithmSpec("oracle", "dflash", "test drafter", drafter=make)]
+        return [warcore.AlgorithmSpec("wctest_oracle", "dflash", "test drafter", drafter=make)]
 
     @warcore.hookimpl
     def warcore_is_war_publish_phase(
         self, algorithm: str, forward_mode: ForwardMode
     ) -> bool | None:
-        if algorithm != "oracle":
+        if algorithm != "wctest_oracle":
             return None
         return forward_mode in (ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND)
 
@@ -150,7 +150,7 @@ def test_high_acceptance_is_still_lossless(backend: str, loop: str) -> None:
     pm.load_entry_points()
     pm.register(OraclePlugin(sequences, corrupt=0.2))
     report = run(
-        EngineConfig(backend=backend, algorithm="oracle", loop=loop),  # type: ignore[arg-type]
+        EngineConfig(backend=backend, algorithm="wctest_oracle", loop=loop),  # type: ignore[arg-type]
         pm=pm,
     )
     assert report.mean_accepted > 1.5
@@ -234,7 +234,9 @@ def test_a_verify_launched_after_the_request_already_finished_stays_in_its_slots
     pm = WarcorePluginManager(LoaderConfig())
     pm.load_entry_points()
     pm.register(OraclePlugin(sequences, corrupt=0.1))
-    with Engine(EngineConfig(backend="trtllm_mha", algorithm="oracle"), device="sim", pm=pm) as e:
+    with Engine(
+        EngineConfig(backend="trtllm_mha", algorithm="wctest_oracle"), device="sim", pm=pm
+    ) as e:
         for _ in range(3):
             report = e.run(trace)
             assert report.mean_accepted > 2

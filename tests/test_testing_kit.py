@@ -114,7 +114,7 @@ from warcore.core import get_plugin_manager, get_registry
 class Extra:
     @warcore.hookimpl
     def warcore_speculative_algorithms(self):
-        return [warcore.AlgorithmSpec("extra", "none", "test")]
+        return [warcore.AlgorithmSpec("wctest_extra", "none", "test")]
 
 
 @pytest.mark.warcore_plugins("dflash")
@@ -132,11 +132,11 @@ def test_unnamed(warcore_pm):
 
 def test_registers(register_for_test):
     register_for_test(Extra())
-    assert "extra" in get_registry(get_plugin_manager()).algorithms
+    assert "wctest_extra" in get_registry(get_plugin_manager()).algorithms
 
 
 def test_and_unregisters():
-    assert "extra" not in get_registry(get_plugin_manager()).algorithms
+    assert "wctest_extra" not in get_registry(get_plugin_manager()).algorithms
 """
 
 

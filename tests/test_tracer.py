@@ -92,7 +92,7 @@ def test_one_element_read_through_a_view_is_seen() -> None:
     # decode is declared IN_REPLAY on its own (what the contract promises).
     eager = {ForwardMode.DECODE: SharedReadBoundary.IN_REPLAY}
     pm = make_plugin_manager(DeclaredBackend(OneElementLateReader, {}, eager=eager))
-    trace = trace_reads("one_element", "none", pm=pm, model=TINY_MODEL)
+    trace = trace_reads("wctest_one_element", "none", pm=pm, model=TINY_MODEL)
     decode = trace.mode(ForwardMode.DECODE)
     assert decode.last is not None
     assert decode.last_phase == f"layer {TINY_MODEL.layers - 1} attention"
@@ -102,13 +102,13 @@ def test_one_element_read_through_a_view_is_seen() -> None:
 
 def test_reads_outside_the_dispatcher_need_their_declaration() -> None:
     declared = make_plugin_manager(DeclaredBackend(HiddenLateReader, {}))
-    trace = trace_reads("hidden_reader", "none", pm=declared, model=TINY_MODEL)
+    trace = trace_reads("wctest_hidden_reader", "none", pm=declared, model=TINY_MODEL)
     last = trace.mode(ForwardMode.DECODE).last
     assert last is not None and last.declared and last.op == "declared:numpy_gather"
     assert last.phase == f"layer {TINY_MODEL.layers - 1} attention"
     # Undeclared, the tracer cannot see it (the sanitizer still catches it: test_sanitizer).
     hidden = make_plugin_manager(DeclaredBackend(UndeclaredHiddenReader, {}))
-    trace = trace_reads("hidden_undeclared", "none", pm=hidden, model=TINY_MODEL)
+    trace = trace_reads("wctest_hidden_undeclared", "none", pm=hidden, model=TINY_MODEL)
     assert trace.last_shared_read(ForwardMode.DECODE) == "in-graph init"
 
 

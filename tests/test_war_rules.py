@@ -55,7 +55,7 @@ def _decide(
 class GraphOnly(TorchNativeBackend):
     """torch_native's code under another name, declared for its captured graph only."""
 
-    name = "graph_only"
+    name = "wctest_graph_only"
 
 
 # -- eager forwards --------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def test_eager_forwards(
         pm, backend = make_plugin_manager(), "torch_native"
     else:
         plugin = DeclaredBackend(GraphOnly, declarations, eager=eager)
-        pm, backend = make_plugin_manager(plugin, entry_points=needs), "graph_only"
+        pm, backend = make_plugin_manager(plugin, entry_points=needs), "wctest_graph_only"
     decision = _decide(pm, RunnerKind.DECODE, backend, mode, algorithm, execution)
     assert (decision.record_point, decision.source) == (point, source)
 
@@ -111,7 +111,9 @@ def test_an_early_eager_declaration_is_flagged_every_time(mode: ForwardMode) -> 
     algorithm = "dflash" if mode is M.TARGET_VERIFY else "none"
     flagged = 0
     for seed in range(10):
-        report = sanitize("graph_only", algorithm, pm=pm, use_graphs=False, seed=seed, **SMALL)
+        report = sanitize(
+            "wctest_graph_only", algorithm, pm=pm, use_graphs=False, seed=seed, **SMALL
+        )
         v = report.violation
         assert v is not None, report.format()
         assert (v.forward_mode, v.record_point) == (mode, P.PRE_REPLAY)
@@ -120,7 +122,7 @@ def test_an_early_eager_declaration_is_flagged_every_time(mode: ForwardMode) -> 
     honest = make_plugin_manager(
         DeclaredBackend(GraphOnly, {}, eager={mode: B.IN_REPLAY}), entry_points=["dflash"]
     )
-    assert sanitize("graph_only", algorithm, pm=honest, use_graphs=False, **SMALL).sound
+    assert sanitize("wctest_graph_only", algorithm, pm=honest, use_graphs=False, **SMALL).sound
 
 
 class _GraphUnknown:
@@ -222,14 +224,14 @@ class _Vetoer:
 @pytest.mark.parametrize(
     ("reason", "by", "says"),
     [
-        ("our offloader copies KV late", "vetoer", "our offloader copies KV late"),
-        (RuntimeError("boom"), "failed:vetoer", "RuntimeError: boom"),
-        (42, "failed:vetoer", "returned 42"),
+        ("our offloader copies KV late", "wctest_vetoer", "our offloader copies KV late"),
+        (RuntimeError("boom"), "failed:wctest_vetoer", "RuntimeError: boom"),
+        (42, "failed:wctest_vetoer", "returned 42"),
     ],
 )
 def test_a_plugins_veto_names_who_and_why_in_the_matrix(reason: Any, by: str, says: str) -> None:
     pm = make_plugin_manager()
-    pm.register(_Vetoer(M.DECODE, reason), name="vetoer")
+    pm.register(_Vetoer(M.DECODE, reason), name="wctest_vetoer")
     rows = [r for r in build_matrix(pm) if r.backend == "torch_native" and r.algorithm == "none"]
     decode = next(r.as_dict() for r in rows if r.mode is M.DECODE)
     assert decode["record_point"] == "none"
@@ -239,7 +241,9 @@ def test_a_plugins_veto_names_who_and_why_in_the_matrix(reason: Any, by: str, sa
     verify_runner = next(r.as_dict() for r in rows if r.mode is M.EXTEND)
     assert verify_runner["vetoes"] == []
     if by.startswith("failed:"):
-        assert any("vetoer" in p and "warcore_fast_path_veto" in p for p in find_problems(pm))
+        assert any(
+            "wctest_vetoer" in p and "warcore_fast_path_veto" in p for p in find_problems(pm)
+        )
 
 
 # -- per-batch prefill -----------------------------------------------------------------------
@@ -303,7 +307,7 @@ def test_the_refinement_is_not_asked_when_the_decision_does_not_publish() -> Non
     asked: list[int] = []
 
     class Counting(TorchNativeBackend):
-        name = "counting"
+        name = "wctest_counting"
 
         def refine_prefill_boundary(self, batch: Any) -> SharedReadBoundary:
             asked.append(batch.batch_size)
@@ -311,7 +315,7 @@ def test_the_refinement_is_not_asked_when_the_decision_does_not_publish() -> Non
 
     plugin = DeclaredBackend(Counting, {M.EXTEND: B.PRE_REPLAY})
     pm = make_plugin_manager(plugin, builtins="algorithms")
-    config = EngineConfig(backend="counting", model=TINY_MODEL, loop="serial",
+    config = EngineConfig(backend="wctest_counting", model=TINY_MODEL, loop="serial",
                           flags=(("lmcache", True),))  # fmt: skip
     with Engine(config, pm=pm) as engine:
         report = engine.run(synthetic_trace(3, seed=1, output_len=(2, 3)))
@@ -460,11 +464,11 @@ class _Owner:
 @pytest.mark.parametrize("answer", [RuntimeError("x"), "scheduler", "target"])
 def test_a_doubtful_owner_is_no_owner(answer: Any) -> None:
     pm = make_plugin_manager()
-    pm.register(_Owner(answer), name="owner")
+    pm.register(_Owner(answer), name="wctest_owner")
     resolved = resolve_step_event_owner("eagle", StepFacts(), pm=pm)
     # A failure, a wrong value, or a disagreement with the core's "draft": the coarse fence.
     assert resolved.owner is None
-    assert resolved.source in ("default:failed:owner", "default:conflict")
+    assert resolved.source in ("default:failed:wctest_owner", "default:conflict")
 
 
 def test_the_engine_barrier_takes_the_owners_event() -> None:
@@ -474,7 +478,7 @@ def test_the_engine_barrier_takes_the_owners_event() -> None:
         assert engine.worker.mailbox is engine.runners[1]  # the draft runner
         fine = engine.run(synthetic_trace(6, seed=2, output_len=(3, 6)))
         assert fine.barriers["fine"] > 0
-        pm.register(_Owner(RuntimeError("doubt")), name="owner")
+        pm.register(_Owner(RuntimeError("doubt")), name="wctest_owner")
         assert engine.worker.mailbox is None
         doubtful = engine.run(synthetic_trace(6, seed=2, output_len=(3, 6)))
         assert doubtful.barriers["fine"] == 0 and doubtful.outputs == fine.outputs
@@ -535,22 +539,22 @@ class _Scoped:
 @pytest.mark.parametrize(
     ("implementation", "boundary", "source"),
     [
-        ("warcore>=0.1,<0.2", B.POST_REPLAY, "plugin:scoped"),
-        ("warcore>=9", B.UNKNOWN, "stale:scoped"),
-        ("not-installed-anywhere>=1", B.UNKNOWN, "stale:scoped"),
+        ("warcore>=0.1,<0.2", B.POST_REPLAY, "plugin:wctest_scoped"),
+        ("warcore>=9", B.UNKNOWN, "stale:wctest_scoped"),
+        ("not-installed-anywhere>=1", B.UNKNOWN, "stale:wctest_scoped"),
     ],
 )
 def test_scoped_declarations_outside_their_range_are_not_applied(
     implementation: str, boundary: SharedReadBoundary, source: str
 ) -> None:
     pm = make_plugin_manager()
-    pm.register(_Scoped(implementation), name="scoped")
+    pm.register(_Scoped(implementation), name="wctest_scoped")
     resolved = resolve_shared_read_boundary("torch_native", M.DECODE, pm=pm)
     assert (resolved.boundary, resolved.source) == (boundary, source)
     stale = [p for p in find_problems(pm) if p.startswith("stale declaration")]
     assert bool(stale) is source.startswith("stale")
     if stale:
-        assert "'scoped'" in stale[0]
+        assert "'wctest_scoped'" in stale[0]
 
 
 def test_a_malformed_range_fails_where_it_is_written() -> None:
@@ -562,14 +566,14 @@ def test_a_malformed_range_fails_where_it_is_written() -> None:
 
 
 class _RaisingRefine(TorchNativeBackend):
-    name = "raising_refine"
+    name = "wctest_raising_refine"
 
     def refine_prefill_boundary(self, batch: Any) -> SharedReadBoundary:
         raise RuntimeError("refine boom")
 
 
 class _RaisingChildren(TorchNativeBackend):
-    name = "raising_children"
+    name = "wctest_raising_children"
 
     def children_for(self, forward_mode: ForwardMode, context: BoundaryContext) -> Any:
         raise RuntimeError("children boom")
@@ -589,4 +593,4 @@ def test_a_raising_refinement_or_children_for_is_the_coarse_fence_not_a_crash(
     if cls is _RaisingChildren:
         d = _decide(pm, RunnerKind.DECODE, engine.runner.backend, M.DECODE)
         assert d.record_point is P.NONE
-        assert d.source == "default:failed:backend:raising_children"
+        assert d.source == "default:failed:backend:wctest_raising_children"

@@ -342,18 +342,12 @@ def _explain(
     device: str,
     flags: Mapping[str, FlagValue] | None,
 ) -> str:
-    from warcore.audit.tracer import trace_reads
+    from warcore.audit.tracer import trace_reads, violation_note
 
     violation = report.violation
     assert violation is not None
     trace = trace_reads(report.backend, report.algorithm, pm=pm, device=device, flags=flags)
-    lines = [f"read tracer, {report.backend} / {report.algorithm} (eager run):"]
-    for m in trace.modes():
-        if m.mode in (violation.forward_mode, violation.published_mode):
-            lines.append(
-                f"  {m.runner} {m.mode.name}: {m.summary()}; the reads allow {m.implied.name}"
-            )
-    return "\n".join(lines)
+    return violation_note(trace, violation)
 
 
 def assert_matches_serial(

@@ -16,7 +16,7 @@ child: ``--flag hybrid_prefill_backend=trtllm_mha --flag hybrid_decode_backend=d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warcore.attention._base import AttentionBackend
@@ -28,7 +28,13 @@ from warcore.core import (
     get_plugin_manager,
     get_registry,
 )
-from warcore.core._specs import HYBRID_DECODE, HYBRID_PREFILL, LAYER_HYBRID, SPEC_ATTN_IS_DECODE
+from warcore.core._specs import (
+    HYBRID_DECODE,
+    HYBRID_PREFILL,
+    LAYER_HYBRID,
+    SPEC_ATTN_IS_DECODE,
+    FlagValue,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -36,8 +42,10 @@ if TYPE_CHECKING:
     from warcore.runners.batch import ForwardBatch
 
 __all__ = [
+    "CHILD_FLAGS",
     "HybridBackend",
     "LayerHybridBackend",
+    "check_child_flags",
     "hybrid_children",
     "layer_hybrid_children",
 ]
@@ -63,12 +71,61 @@ def layer_hybrid_children(mode: ForwardMode, context: BoundaryContext) -> tuple[
     return names
 
 
+CHILD_FLAGS: dict[str, tuple[str, ...]] = {
+    "hybrid": (HYBRID_PREFILL, HYBRID_DECODE),
+    "layer_hybrid": (LAYER_HYBRID,),
+}
+"""The flags that name each core wrapper's children."""
+
+
+def _named(flag: str, value: object) -> tuple[str, ...]:
+    if flag == LAYER_HYBRID:
+        return tuple(n.strip() for n in str(value).split(",") if n.strip())
+    return (str(value),)
+
+
+def check_child_flags(flags: Mapping[str, FlagValue], backend: Callable[[str], object]) -> None:
+    """The core wrappers' children as ``flags`` name them (the defaults for the flags not
+    given): each a usable backend (``backend(name)``, ``Registry.backend``, raises for one
+    that is not), and no wrapper among its own children, directly
+    (``layer_hybrid_backends=layer_hybrid``) or through the other wrapper
+    (``hybrid_decode_backend=layer_hybrid`` with ``layer_hybrid_backends=hybrid``). Raises
+    :class:`ValueError` naming the flag (and the path back to the wrapper). Called by the
+    wrappers before they build a child and by the command line while it parses ``--flag``,
+    so ``run``, ``sanitize`` and ``matrix`` refuse the same input with the same line."""
+
+    def children(wrapper: str) -> list[tuple[str, str]]:
+        out = []
+        for flag in CHILD_FLAGS[wrapper]:
+            value = flags.get(flag, CORE_FLAGS[flag].default)
+            names = _named(flag, value)
+            if not names:
+                raise ValueError(f"flag {flag}={value!r} names no backend")
+            for name in names:
+                try:
+                    backend(name)  # unknown, or disabled as a duplicate: the registry says
+                except (KeyError, ValueError) as exc:
+                    raise ValueError(f"flag {flag}={value!r}: {exc}") from None
+                out.append((flag, name))
+        return out
+
+    for wrapper in CHILD_FLAGS:
+        paths: list[tuple[str, str, tuple[str, ...]]] = [(wrapper, wrapper, (wrapper,))]
+        while paths:
+            at, text, seen = paths.pop()
+            for flag, child in children(at):
+                step = f"{text} -{flag}-> {child}"
+                if child == wrapper:
+                    raise ValueError(f"backend {wrapper!r} cannot be its own child: {step}")
+                if child in CHILD_FLAGS and child not in seen:
+                    paths.append((child, step, (*seen, child)))
+
+
 def _build(names: Sequence[str], wrapper: str, **kwargs: Any) -> list[AttentionBackend]:
     registry = get_registry(get_plugin_manager())
+    check_child_flags(dict(kwargs["context"].flags), registry.backend)
     children = []
     for name in names:
-        if name == wrapper:
-            raise ValueError(f"backend {wrapper!r} cannot be its own child")
         child = registry.backend(name).factory(**kwargs)
         if not isinstance(child, AttentionBackend):
             raise TypeError(f"{wrapper!r}: child {name!r} built {child!r}, not an AttentionBackend")

@@ -16,9 +16,14 @@ Each rank resolves the same cells (by default every cell of ``warcore matrix``: 
 backend × mode × algorithm of the backend's engine), turns each decision into a short text (the
 boundary, the record points, the publish phase, whether a veto applies, the event owner) and
 hashes them all (:func:`fingerprint`). Every rank then gathers every rank's fingerprint and
-decisions (``all_gather_object``, one collective: every rank of ``group`` must call it). Where
-a rank's fingerprint differs from the group's first rank's, the cells whose decisions differ
-are named with both decisions and their provenance, and each rank's plugin set is listed.
+decisions: each posts its own to the process group's store and waits, at most ``timeout``
+seconds (:data:`DEFAULT_TIMEOUT_S`), for every other rank of ``group`` to post theirs. Every
+rank of ``group`` must call it. A rank that does not answer in time (it never calls the check,
+or crashed, or hangs in start-up) is a :class:`RankCheckTimeout` naming the rank check, the
+ranks that did not answer and the ranks that did, on every rank that waited, instead of a bare
+``Timed out waiting ... for send operation`` from gloo after its 30-minute default. Where a
+rank's fingerprint differs from the group's first rank's, the cells whose decisions differ are
+named with both decisions and their provenance, and each rank's plugin set is listed.
 Provenance (which plugin answered) is reported but not compared: two plugin sets that decide
 the same are in agreement.
 """
@@ -26,7 +31,10 @@ the same are in agreement.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +50,9 @@ from warcore.core import (
 )
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "Cell",
+    "RankCheckTimeout",
     "RankDisagreementError",
     "RankReport",
     "check_ranks_agree",
@@ -57,6 +67,26 @@ Cell = tuple[str, "ForwardMode | str", BoundaryContext]
 
 _SHOWN_CELLS = 20
 """At most this many differing cells are spelled out per rank in the error message."""
+
+
+DEFAULT_TIMEOUT_S = 60.0
+"""How long :func:`check_ranks_agree` waits for the other ranks' answers: long enough for
+ranks that start a few seconds apart (each resolves its own matrix first, well under a
+second), short enough that a rank that never joins is named within a minute."""
+
+_POLL_S = 0.05
+
+
+class RankCheckTimeout(TimeoutError):
+    """Some ranks of the group did not answer the rank check within its timeout.
+
+    ``missing``: the global ranks that did not answer; ``answered``: those that did (this one
+    included)."""
+
+    def __init__(self, message: str, missing: list[int], answered: list[int]) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.answered = answered
 
 
 class RankDisagreementError(RuntimeError):
@@ -153,18 +183,26 @@ def check_ranks_agree(
     *,
     pm: WarcorePluginManager | None = None,
     raise_on_mismatch: bool = True,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> RankReport:
-    """All-gather every rank's decisions over ``group`` (default: the world) and compare.
+    """Gather every rank's decisions over ``group`` (default: the world) and compare.
 
-    Collective: every rank of ``group`` must call it, with the same ``cells``. Returns a
-    :class:`RankReport`; when a rank differs from the group's first rank it logs an error
-    naming the ranks, the differing cells (both decisions, with provenance) and each rank's
-    plugins, and raises :class:`RankDisagreementError` unless ``raise_on_mismatch`` is false.
-    Needs ``torch.distributed`` initialised (any backend that supports
-    ``all_gather_object``: gloo, or NCCL with the current CUDA device set).
+    Every rank of ``group`` must call it, with the same ``cells``, and the ranks must make
+    their calls in the same order (each call is one round). Returns a :class:`RankReport`;
+    when a rank differs from the group's first rank it logs an error naming the ranks, the
+    differing cells (both decisions, with provenance) and each rank's plugins, and raises
+    :class:`RankDisagreementError` unless ``raise_on_mismatch`` is false. Raises
+    :class:`RankCheckTimeout` when a rank of ``group`` has not answered within ``timeout``
+    seconds (default :data:`DEFAULT_TIMEOUT_S`). Needs ``torch.distributed`` initialised, with
+    any backend: the answers travel through the process group's key-value store (the one
+    ``init_process_group`` made: TCP or file), not through a collective.
     """
     import torch.distributed as dist
 
+    if not timeout > 0:  # NaN too
+        raise ValueError(
+            f"check_ranks_agree: timeout must be a number of seconds > 0, got {timeout!r}"
+        )
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "check_ranks_agree needs torch.distributed initialised (init_process_group)"
@@ -180,8 +218,8 @@ def check_ranks_agree(
         "plugins": _plugin_list(pm),
     }
     world = dist.get_world_size(group)
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, payload, group=group)
+    ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
+    gathered = _exchange(payload, dist.get_rank(), ranks, timeout)
     reference = gathered[0]
     differing: dict[int, list[str]] = {}
     for other in gathered[1:]:
@@ -219,6 +257,57 @@ def check_ranks_agree(
     if raise_on_mismatch:
         raise RankDisagreementError(message, report)
     return report
+
+
+_ROUNDS: dict[tuple[int, ...], int] = {}
+_ROUNDS_LOCK = threading.Lock()
+
+
+def _exchange(
+    payload: dict[str, Any], me: int, ranks: list[int], timeout: float
+) -> list[dict[str, Any]]:
+    """Every rank's ``payload``, in rank order, through the default group's store: post this
+    one, then poll for the others until ``timeout``. One round per call on each rank, so the
+    keys of two calls never mix."""
+    from torch.distributed import distributed_c10d
+
+    store = distributed_c10d._get_default_store()  # no public accessor; stable since torch 1.x
+    with _ROUNDS_LOCK:
+        round_ = _ROUNDS.get(tuple(ranks), 0)
+        _ROUNDS[tuple(ranks)] = round_ + 1
+    prefix = f"warcore/rank_check/{'-'.join(map(str, ranks))}/{round_}"
+    store.set(f"{prefix}/{me}", json.dumps(payload))
+    deadline = time.monotonic() + timeout
+    missing = [r for r in ranks if r != me]
+    while True:
+        missing = [r for r in missing if not store.check([f"{prefix}/{r}"])]
+        if not missing:
+            break
+        if time.monotonic() >= deadline:
+            answered = [r for r in ranks if r not in missing]
+            raise RankCheckTimeout(
+                _timeout_message(me, ranks, missing, answered, timeout), missing, answered
+            )
+        time.sleep(_POLL_S)
+    gathered = [json.loads(store.get(f"{prefix}/{r}")) for r in ranks]
+    if store.add(f"{prefix}/read", 1) == len(ranks):  # the last reader tidies the round up
+        for key in [*(f"{prefix}/{r}" for r in ranks), f"{prefix}/read"]:
+            store.delete_key(key)
+    return gathered
+
+
+def _timeout_message(
+    me: int, ranks: list[int], missing: list[int], answered: list[int], timeout: float
+) -> str:
+    def listed(rs: list[int]) -> str:
+        return ", ".join(map(str, rs)) or "none"
+
+    return (
+        f"warcore rank check (check_ranks_agree, on rank {me}): rank(s) {listed(missing)} did "
+        f"not answer within {timeout:g} s; rank(s) {listed(answered)} did (group of "
+        f"{len(ranks)}: {listed(ranks)}). Every rank must call check_ranks_agree, in the same "
+        "order; a rank that starts later needs a longer timeout="
+    )
 
 
 def _message(

@@ -40,7 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
@@ -81,8 +81,10 @@ __all__ = [
     "Combination",
     "ModeSummary",
     "SanitizeReport",
+    "VIOLATION_KINDS",
     "SglangFallbackDecisions",
     "Violation",
+    "ViolationKind",
     "combinations",
     "engine_config",
     "sanitize",
@@ -94,6 +96,9 @@ DEFAULT_REQUESTS = 10
 few enough that a whole matrix runs in seconds."""
 
 ViolationKind = Literal["late-read", "later-forward", "later-work", "poisoned-state"]
+"""The sanitizer's verdicts for a violation, as it prints them (``VIOLATION (later-work)``)
+and as the README's table names them (a test ties the two)."""
+VIOLATION_KINDS: tuple[ViolationKind, ...] = get_args(ViolationKind)
 
 
 class SglangFallbackDecisions(DecisionCache):
@@ -166,8 +171,8 @@ class Violation:
                 f"(forward {self.forward}, step {self.step}) later read"
             )
         return (
-            f"VIOLATION backend {self.backend!r}, algorithm {self.algorithm!r}: {where}, {what}; "
-            f"first differing output: {self.difference}"
+            f"VIOLATION ({self.kind}) backend {self.backend!r}, algorithm {self.algorithm!r}: "
+            f"{where}, {what}; first differing output: {self.difference}"
         )
 
 
@@ -224,7 +229,7 @@ class SanitizeReport:
         if self.error is not None:
             return "ERROR"
         if self.violation is not None:
-            return "VIOLATION"
+            return f"VIOLATION ({self.violation.kind})"
         return "sound" if self.checked else "sound (nothing published)"
 
     def format(self) -> str:

@@ -14,6 +14,14 @@ the tracer wraps each launched piece of work and enters the mode *inside* it, wh
 It traces eager forwards (the tracer's engine runs without graphs): a replayed graph would run
 work wrapped for another forward. The record points are then the eager ones
 (``after_in_graph_init`` where a graph would have its node).
+
+It also sees the work a step runs *after* its forwards (the drafter's ``propose``, the token
+history it reads from; ``StepWorker`` launches that work through the target runner's probe):
+such work is tagged to the forward it follows (``SharedRead.after_forward``). A shared read
+there is later than any record point the forward has, so the forward's reads then allow no
+boundary at all (``UNKNOWN``): the sanitizer's ``later-work``. What it cannot see, it says:
+reads outside torch's dispatcher that nobody declared (numpy, a custom kernel without
+:func:`~warcore.attention.declare_shared_read`), in the forwards or after them.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from warcore.attention import AttentionBackend
 from warcore.attention._reads import listening_for_shared_reads
-from warcore.audit.sanitizer import engine_config, trace_for
+from warcore.audit.sanitizer import Violation, engine_config, trace_for
 from warcore.core import (
     Decision,
     ForwardMode,
@@ -55,6 +63,7 @@ __all__ = [
     "SharedRead",
     "phase_name",
     "trace_reads",
+    "violation_note",
     "watch_shared_reads",
 ]
 
@@ -68,6 +77,8 @@ _PHASES = {
     "in_graph_init": "in-graph init",
     "embed": "embed",
     "sample": "sample",
+    "draft_propose": "drafter propose",
+    "record_history": "token history",
 }
 
 # Launch labels whose shared reads are over before a replay would start.
@@ -96,12 +107,16 @@ class SharedRead:
     """The attention-backend method it ran in (``TorchNativeBackend.gather_page_table``)."""
     declared: bool = False
     """Declared by code outside torch's dispatcher, not seen by the mode."""
+    after_forward: bool = False
+    """In work the step ran after this forward had ended (the drafter's ``propose``)."""
 
     @property
     def phase(self) -> str:
         name = phase_name(self.label)
         if self.label.startswith("layer") and self.where:
             return f"{name} attention"
+        if self.after_forward:
+            return f"{name}, after the forward"
         return name
 
 
@@ -146,12 +161,26 @@ class ModeReads:
 
     @property
     def implied(self) -> SharedReadBoundary:
-        """The earliest boundary the observed reads allow (what an honest declaration says)."""
+        """The earliest boundary the observed reads allow (what an honest declaration says);
+        ``UNKNOWN`` when work after the forward read shared buffers (no record point in the
+        forward is late enough)."""
         if self.last is None or self.last.label in _BEFORE_REPLAY:
             return SharedReadBoundary.PRE_REPLAY
+        if self.last.after_forward:
+            return SharedReadBoundary.UNKNOWN
         if self.last.label == "in_graph_init":
             return SharedReadBoundary.IN_REPLAY
         return SharedReadBoundary.POST_REPLAY
+
+    def reads_allow(self, *, partial: bool = False) -> str:
+        """What the reads allow, in words, for notes beside a verdict (``partial``: the trace
+        is known to miss a read, so say it is what the reads *seen* allow)."""
+        if self.implied is SharedReadBoundary.UNKNOWN:
+            return (
+                "work after the forward reads shared buffers, so no record point in the "
+                "forward is late enough (UNKNOWN: the step must not publish before that work)"
+            )
+        return f"the reads {'it saw ' if partial else ''}allow {self.implied.name}"
 
     def summary(self) -> str:
         if self.last is None:
@@ -213,13 +242,40 @@ def _latest(reads: list[SharedRead]) -> SharedRead | None:
     return last
 
 
+def violation_note(trace: ReadTrace, violation: Violation) -> str:
+    """The tracer's account beside a sanitizer verdict: for the modes the violation names, the
+    last shared read and what the reads allow. Where the traced reads do not explain the
+    verdict (none later than the record point the violation started at), it says that the
+    tracer cannot see that read, rather than a boundary that contradicts the verdict."""
+    lines = [f"read tracer, {trace.backend} / {trace.algorithm} (eager run):"]
+    modes = (violation.forward_mode, violation.published_mode)
+    named = [m for m in trace.modes() if m.mode in modes]
+    publisher = [m for m in named if f"{m.runner} {m.mode.name}" == violation.published_by]
+    blind = not any(m.implied > violation.record_point.boundary for m in publisher)
+    for m in named:
+        lines.append(f"  {m.runner} {m.mode.name}: {m.summary()}; {m.reads_allow(partial=blind)}")
+    if blind:
+        where = (
+            "in the work after the forwards"
+            if violation.kind == "later-work"
+            else f"after {violation.published_by}'s record point"
+        )
+        lines.append(
+            f"  the tracer saw no shared read {where} to explain this {violation.kind}: it "
+            "cannot see a read outside torch's dispatcher that is not declared (numpy, a "
+            "custom kernel: warcore.attention.declare_shared_read), nor one only a captured "
+            "graph makes (it traces eager forwards)"
+        )
+    return "\n".join(lines)
+
+
 # -- the probe and the dispatch mode -------------------------------------------------------
 
 
 class _Work:
     """What the mode appends to: one launched piece of work of one forward."""
 
-    __slots__ = ("after", "label", "launch", "reads", "storages")
+    __slots__ = ("after", "after_forward", "label", "launch", "reads", "storages")
 
     def __init__(
         self,
@@ -228,16 +284,20 @@ class _Work:
         launch: int,
         after: bool,
         storages: dict[int, str],
+        after_forward: bool = False,
     ) -> None:
         self.reads = reads
         self.label = label
         self.launch = launch
         self.after = after
         self.storages = storages
+        self.after_forward = after_forward
 
     def add(self, buffer: str, op: str, declared: bool) -> None:
         where = _backend_method()
-        read = SharedRead(buffer, op, self.label, self.launch, self.after, where, declared)
+        read = SharedRead(
+            buffer, op, self.label, self.launch, self.after, where, declared, self.after_forward
+        )
         # list.append is atomic: the work runs on a stream thread, the host reads after a sync.
         self.reads.append(read)
 
@@ -318,20 +378,33 @@ class ReadTracer(ForwardProbe):
         self._storages = _storages(buffers)
         self.forwards: list[ForwardTrace] = []
         self._current: ForwardTrace | None = None
+        self._ended: ForwardTrace | None = None
+        """The forward that ended last, while no other has begun: the step's work after it
+        (``StepWorker`` wraps it through this probe) is traced as that forward's."""
         self._passed = False
 
     def begin(self, runner: ModelRunner, step: StepInput, decision: Decision) -> bool:
         self._current = ForwardTrace(len(self.forwards), runner.name, step.forward_mode, decision)
         self.forwards.append(self._current)
+        self._ended = None
         self._passed = False
         # A graph replay runs work wrapped at capture: only eager record points can be marked.
         return decision.record_point is not RecordPoint.IN_GRAPH_NODE
 
     def wrap(self, runner: ModelRunner, label: str, fn: Work) -> Work:
-        forward = self._current
+        forward, after = self._current, False
         if forward is None:
-            return fn  # not inside a forward this tracer began (a capture): leave it alone
-        work = _Work(forward.reads, label, len(forward.launches), self._passed, self._storages)
+            forward, after = self._ended, True
+        if forward is None:
+            return fn  # not inside or after a forward this tracer began (a capture)
+        work = _Work(
+            forward.reads,
+            label,
+            len(forward.launches),
+            self._passed or after,
+            self._storages,
+            after,
+        )
         forward.launches.append(label)
 
         def traced() -> object:
@@ -348,7 +421,7 @@ class ReadTracer(ForwardProbe):
     def end(
         self, runner: ModelRunner, step: StepInput, fb: ForwardBatch, point: RecordPoint
     ) -> None:
-        self._current = None
+        self._ended, self._current = self._current, None
 
 
 def _storages(buffers: Mapping[str, torch.Tensor]) -> dict[int, str]:

@@ -12,9 +12,11 @@ fast and works without a device.
 May import every other part of warcore; nothing in warcore imports it (``warcore.__main__``
 and the ``warcore`` console script aside).
 
-Exit status: 0 ok, 1 problems found (``check``) or a plugin failed under strict mode, 2 bad
-usage or a malformed ``WARCORE_*`` environment variable, 141 the reader of stdout went away
-(quietly, like a Unix tool ended by SIGPIPE).
+Exit status: 0 ok, 1 problems found (``check``; a run or audit that found one), a plugin
+failed under strict mode, or an algorithm's drafter factory failed (``run``), 2 bad usage or a
+malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors too, through
+:class:`~warcore.cli._common.Parser`), 141 the reader of stdout went away (quietly, like a Unix
+tool ended by SIGPIPE).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import logging
 import os
 import sys
 
-from warcore.cli._common import PROG, Command, UsageError
+from warcore.cli._common import PROG, Command, Parser, UsageError
 from warcore.cli.bench import BENCH
 from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
 from warcore.cli.run import RUN
@@ -52,7 +54,7 @@ def _add_commands(parser: argparse.ArgumentParser, commands: dict[str, Command],
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG, description="Inspect and check warcore's read-done fence declarations."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log fallbacks (debug)")

@@ -10,10 +10,13 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from warcore.core import (
+    DuplicateNameError,
     FlagSpec,
     LoaderConfig,
+    UnknownNameError,
     WarcorePluginManager,
     get_plugin_manager,
     get_registry,
@@ -25,9 +28,16 @@ __all__ = [
     "PROG",
     "Command",
     "UsageError",
-    "check_count",
+    "FRACTION",
+    "MILLISECONDS",
+    "REPEAT",
+    "REQUESTS",
+    "SEED",
+    "Limit",
+    "Parser",
+    "add_number",
+    "check_offered",
     "check_writable",
-    "non_negative_float",
     "parse_flag",
     "parse_flags",
     "plugin_manager",
@@ -36,6 +46,14 @@ __all__ = [
 ]
 
 PROG = "warcore"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (the option, the value, the limit) and exit 2,
+    like every other bad input: no usage block before it; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,48 @@ def plugin_manager() -> WarcorePluginManager:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return get_plugin_manager()
+
+
+def check_offered(pm: WarcorePluginManager, kind: str, name: str) -> None:
+    """``name`` is a usable backend or algorithm (``kind``), else a :class:`UsageError`: the
+    registry's (unknown, listing the valid ones; or disabled as offered twice), and when
+    ``WARCORE_DISABLE_PLUGINS`` or ``WARCORE_PLUGINS`` kept a plugin from loading, which one
+    and by which variable. A plugin that is not loaded is not asked what it offers, so a
+    plugin whose name matches ``name`` (``trtllm_mha``, or the ``sglang`` of
+    ``sglang_flashinfer``) is said to disable it; otherwise the line lists the plugins not
+    asked. Torch-free: commands call it before they import the engine."""
+    registry = get_registry(pm)
+    try:
+        registry.backend(name) if kind == "backend" else registry.algorithm(name)
+    except DuplicateNameError as exc:
+        raise UsageError(str(exc)) from None
+    except UnknownNameError as exc:
+        off = [i for i in pm.plugin_infos if i.status == "disabled" and i.value is not None]
+        mine = [i for i in off if _plugin_names(i.name, i.distribution, name)]
+        if mine:
+            who = "; ".join(f"plugin {_who(i.name, i.distribution)} is {i.error}" for i in mine)
+            raise UsageError(f"{kind} {name!r} is disabled: {who}") from None
+        if off:
+            who = ", ".join(f"{_who(i.name, i.distribution)} ({i.error})" for i in off)
+            raise UsageError(f"{exc}; plugins not loaded, so not asked: {who}") from None
+        raise UsageError(str(exc)) from None
+
+
+def _who(plugin: str, distribution: str | None) -> str:
+    return f"{plugin!r} ({distribution})" if distribution else repr(plugin)
+
+
+def _canonical(text: str) -> str:
+    return text.lower().replace("-", "_").replace(".", "_")
+
+
+def _plugin_names(plugin: str, distribution: str | None, name: str) -> bool:
+    """Whether ``name`` is the plugin's own name: its entry point's or its distribution's
+    (without a ``warcore-`` prefix), alone or as the ``<plugin>_`` prefix of the name."""
+    own = {_canonical(plugin)}
+    if distribution:
+        own |= {_canonical(distribution), _canonical(distribution).removeprefix("warcore_")}
+    return any(_canonical(name) == n or _canonical(name).startswith(n + "_") for n in own)
 
 
 def print_json(data: object) -> None:
@@ -86,38 +146,88 @@ def parse_flag(text: str, specs: Mapping[str, FlagSpec] | None = None) -> tuple[
 
 def parse_flags(texts: Sequence[str]) -> dict[str, FlagValue]:
     """Every ``--flag`` of a command (see :func:`parse_flag`); a flag given twice with two
-    values is an error."""
+    values is an error, and so are wrapper children that name no usable backend or make a
+    wrapper its own child (:func:`~warcore.attention.composite.check_child_flags`): the same
+    line from ``run``, ``sanitize`` and ``matrix``, before anything is built."""
     if not texts:
         return {}
-    specs = get_registry(plugin_manager()).flag_specs()
+    from warcore.attention.composite import check_child_flags  # no torch: a name check
+
+    registry = get_registry(plugin_manager())
+    specs = registry.flag_specs()
     flags: dict[str, FlagValue] = {}
     for text in texts:
         name, value = parse_flag(text, specs)
         if name in flags and flags[name] != value:
             raise UsageError(f"--flag {name} is given twice: {flags[name]!r} and {value!r}")
         flags[name] = value
+    try:
+        check_child_flags(flags, registry.backend)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return flags
 
 
 # -- argument types and checks made before anything is measured ---------------------------
 
 
-def non_negative_float(text: str) -> float:
-    """An argparse ``type``: a finite number >= 0 (``nan``, ``inf`` and negatives are rejected
-    while parsing, with the option named by argparse)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+@dataclass(frozen=True)
+class Limit:
+    """An argparse ``type`` for a numeric option: an ``int`` (or, with ``kind=float``, a finite
+    number) from ``least`` to ``most``. Anything else is refused while parsing: argparse names
+    the option, this says the limits (and ``why``, when the limit has a reason beyond "more is
+    a typo"). Every numeric option of every command has one (README: Command line)."""
+
+    kind: type[int] | type[float]
+    least: int | float
+    most: int | float
+    why: str = ""
+
+    @property
+    def __name__(self) -> str:  # argparse's "invalid int value: 'many'"
+        return self.kind.__name__
+
+    def __call__(self, text: str) -> int | float:
+        value = self.kind(text)  # ValueError: argparse says "invalid int value"
+        if not math.isfinite(value) or not self.least <= value <= self.most:
+            raise argparse.ArgumentTypeError(f"{self.describe()}, got {text!r}{self.why}")
+        return value
+
+    def describe(self) -> str:
+        if self.kind is int:
+            return f"must be at least {self.least:,} and at most {self.most:,}"
+        return f"expected a finite number >= {self.least:g} and at most {self.most:,g}"
+
+    @property
+    def range(self) -> str:
+        """``least to most``, as the help and the README say it."""
+        return (
+            f"{self.least:,} to {self.most:,}"
+            if self.kind is int
+            else f"{self.least:g} to {self.most:,g}"
+        )
 
 
-def check_count(option: str, value: int, limit: int, least: int = 1) -> None:
-    """``value`` of ``option`` within ``least``..``limit``, else a :class:`UsageError`."""
-    if not least <= value <= limit:
-        raise UsageError(f"{option} must be at least {least} and at most {limit:,}, got {value:,}")
+REQUESTS = Limit(int, 1, 100_000)
+"""``--requests``: ``warcore.engine.MAX_TRACE_REQUESTS`` (a test ties the two; the engine
+imports torch, the parser must not)."""
+SEED = Limit(int, 0, 2**32 - 1)
+REPEAT = Limit(int, 1, 1_000)
+MILLISECONDS = Limit(float, 0.0, 1_000.0)
+"""Modelled device time (``--layer-ms``, ``--schedule-ms``): up to a second per layer or step."""
+FRACTION = Limit(float, 0.0, 10.0)
+"""Scheduler work as a fraction of the forward's time (``--sched-frac``, ``--fractions``)."""
+
+
+def add_number(
+    parser: argparse.ArgumentParser,
+    option: str,
+    limit: Limit,
+    default: int | float,
+    help_text: str,
+) -> None:
+    """``option`` with ``limit`` as its type and its range at the end of its help."""
+    parser.add_argument(option, type=limit, default=default, help=f"{help_text} ({limit.range})")
 
 
 def check_writable(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +23,18 @@ from warcore.bench import (
     write_result,
 )
 from warcore.cli._common import (
+    FRACTION,
+    MILLISECONDS,
+    REPEAT,
+    REQUESTS,
+    SEED,
     Command,
+    Limit,
+    Parser,
     UsageError,
-    check_count,
+    add_number,
+    check_offered,
     check_writable,
-    non_negative_float,
     plugin_manager,
 )
 
@@ -56,15 +62,19 @@ def _check_outputs(args: argparse.Namespace, name: str) -> None:
 # -- lookup --------------------------------------------------------------------------------
 
 
+CALLS = Limit(int, 1, 10_000_000)
+"""``bench lookup --number``: 100 times the default (about a second per timing run)."""
+PLUGINS = Limit(int, 1, 1_000)
+"""``bench startup --plugins``: generated distributions, each a folder on disk."""
+
+
 def _configure_lookup(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--number", type=int, default=100_000, help="calls per timing run")
-    parser.add_argument("--repeat", type=int, default=5, help="timing runs; the best is kept")
+    add_number(parser, "--number", CALLS, 100_000, "calls per timing run")
+    add_number(parser, "--repeat", REPEAT, 5, "timing runs; the best is kept")
     parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
 
 
 def _run_lookup(args: argparse.Namespace) -> int:
-    if args.number < 1 or args.repeat < 1:
-        return _error("--number and --repeat must be positive")
     if args.json:
         check_writable("--json", args.json, make_parents=True)
     result = lookup.measure(number=args.number, repeat=args.repeat)
@@ -81,21 +91,19 @@ def _run_lookup(args: argparse.Namespace) -> int:
 
 
 def _add_common(parser: argparse.ArgumentParser, requests: int, repeat: int) -> None:
-    parser.add_argument("--device", default="sim", help="sim (default) or cuda")
-    parser.add_argument("--backend", default=overlap.DEFAULT_BACKEND, help="attention backend")
     parser.add_argument(
-        "--requests",
-        type=int,
-        default=requests,
-        help="requests in the trace (at most 100,000)",
+        "--device", default="sim", choices=("sim", "cuda"), help="sim (default) or cuda"
     )
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
-    parser.add_argument("--repeat", type=int, default=repeat, help="measured rounds")
-    parser.add_argument(
+    parser.add_argument("--backend", default=overlap.DEFAULT_BACKEND, help="attention backend")
+    add_number(parser, "--requests", REQUESTS, requests, "requests in the trace")
+    add_number(parser, "--seed", SEED, 0, "trace seed")
+    add_number(parser, "--repeat", REPEAT, repeat, "measured rounds")
+    add_number(
+        parser,
         "--layer-ms",
-        type=non_negative_float,
-        default=overlap.DEFAULT_LAYER_MS,
-        help="modelled device time per layer, ms (sim only)",
+        MILLISECONDS,
+        overlap.DEFAULT_LAYER_MS,
+        "modelled device time per layer, ms (sim only)",
     )
     parser.add_argument(
         "--dtype", default="float32", choices=("float32", "float64"), help="model dtype"
@@ -119,27 +127,19 @@ def _settings(args: argparse.Namespace) -> overlap.Settings:
     )
 
 
-def _check_sizes(args: argparse.Namespace) -> str | None:
-    if args.requests < 1 or args.repeat < 1:
-        return "--requests and --repeat must be positive"
-    check_count("--requests", args.requests, _max_requests())
-    return None
-
-
 def _configure_overlap(parser: argparse.ArgumentParser) -> None:
     _add_common(parser, requests=24, repeat=11)
-    parser.add_argument(
+    add_number(
+        parser,
         "--sched-frac",
-        type=non_negative_float,
-        default=overlap.DEFAULT_SCHED_FRACTION,
-        help="scheduler device work per step, as a fraction of the forward's time",
+        FRACTION,
+        overlap.DEFAULT_SCHED_FRACTION,
+        "scheduler device work per step, as a fraction of the forward's time",
     )
 
 
 def _run_overlap(args: argparse.Namespace) -> int:
-    problem = _check_sizes(args)
-    if problem:
-        return _error(problem)
+    check_offered(plugin_manager(), "backend", args.backend)
     _check_outputs(args, "overlap")
     result = overlap.measure_overlap(_settings(args))
     print(overlap.overlap_table(result))
@@ -148,16 +148,10 @@ def _run_overlap(args: argparse.Namespace) -> int:
 
 
 def _fractions(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not values or any(not math.isfinite(v) or v < 0 for v in values):
-        raise argparse.ArgumentTypeError(
-            f"fractions must be finite numbers >= 0, at least one; got {text!r}"
-        )
+    """``--fractions``: a comma list, each a :data:`FRACTION` (refused while parsing)."""
+    values = [FRACTION(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
     return sorted(values)
 
 
@@ -167,15 +161,14 @@ def _configure_sweep(parser: argparse.ArgumentParser) -> None:
         "--fractions",
         type=_fractions,
         default=list(overlap.DEFAULT_FRACTIONS),
-        help="scheduler work per step as fractions of the forward's time (comma list)",
+        help="scheduler work per step as fractions of the forward's time (comma list; each "
+        f"{FRACTION.range})",
     )
     parser.add_argument("--plot", metavar="FILE", help="also draw the sweep to FILE (PNG)")
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    problem = _check_sizes(args)
-    if problem:
-        return _error(problem)
+    check_offered(plugin_manager(), "backend", args.backend)
     if args.plot:
         from warcore.bench import plot
 
@@ -197,15 +190,13 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 def _configure_startup(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeat", type=int, default=7, help="measured rounds")
-    parser.add_argument("--plugins", type=int, default=50, help="generated plugins to add")
+    add_number(parser, "--repeat", REPEAT, 7, "measured rounds")
+    add_number(parser, "--plugins", PLUGINS, 50, "generated plugins to add")
     parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
 
 
 def _run_startup(args: argparse.Namespace) -> int:
-    if args.repeat < 1 or args.plugins < 1:
-        return _error("--repeat and --plugins must be positive")
     quiet = args.quiet or not sys.stderr.isatty()
     _check_outputs(args, "startup")
     result = startup.measure(args.repeat, args.plugins, quiet=quiet)
@@ -218,16 +209,13 @@ def _run_startup(args: argparse.Namespace) -> int:
 
 
 def _configure_sanitizer(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=10, help="requests in the trace")
-    parser.add_argument("--repeat", type=int, default=3, help="measured rounds")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    add_number(parser, "--requests", REQUESTS, 10, "requests in the trace")
+    add_number(parser, "--repeat", REPEAT, 3, "measured rounds")
+    add_number(parser, "--seed", SEED, 0, "trace seed")
     parser.add_argument("--json", metavar="FILE", help="result file (default: benchmarks/results/)")
 
 
 def _run_sanitizer(args: argparse.Namespace) -> int:
-    if args.requests < 1 or args.repeat < 1:
-        return _error("--requests and --repeat must be positive")
-    check_count("--requests", args.requests, _max_requests())
     _check_outputs(args, "sanitizer")
     result = sanitizer.measure(requests=args.requests, repeat=args.repeat, seed=args.seed)
     print(sanitizer.table(result))
@@ -279,7 +267,7 @@ def _run_all(args: argparse.Namespace) -> int:
         check_writable(f"{name} result", result_path(name, None), make_parents=True)
     status = 0
     for name, configure_one, run_one, argv in _benches():
-        parser = argparse.ArgumentParser(prog=f"warcore bench {name}")
+        parser = Parser(prog=f"warcore bench {name}")
         configure_one(parser)
         if name == "sweep" and args.plot:
             argv = [*argv, "--plot", args.plot]
@@ -376,9 +364,3 @@ def _run(args: argparse.Namespace) -> int:
 
 
 BENCH = Command("benchmarks, each writing a JSON result", _configure, _run)
-
-
-def _max_requests() -> int:
-    from warcore.engine.requests import MAX_TRACE_REQUESTS  # the engine imports torch
-
-    return MAX_TRACE_REQUESTS

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from warcore.audit.matrix import MatrixRow, build_matrix, find_notes, find_problems
-from warcore.cli._common import Command, parse_flag, plugin_manager, print_json, print_table
+from warcore.cli._common import Command, parse_flags, plugin_manager, print_json, print_table
 from warcore.core import PluginInfo, StepFacts
 from warcore.core._manager import SLOW_PLUGIN_SECONDS
 
@@ -134,7 +134,7 @@ def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
 
 
 def _run_matrix(args: argparse.Namespace) -> int:
-    flags = dict(parse_flag(f) for f in args.flag)
+    flags = parse_flags(args.flag)
     pm = plugin_manager()
     facts = StepFacts(
         has_draft_model=not args.no_draft_model, draft_extend_staged=args.draft_extend_staged

@@ -7,11 +7,15 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from warcore.cli._common import (
+    MILLISECONDS,
+    REQUESTS,
+    SEED,
     Command,
+    Limit,
     UsageError,
-    check_count,
+    add_number,
+    check_offered,
     check_writable,
-    non_negative_float,
     parse_flags,
     plugin_manager,
 )
@@ -21,7 +25,16 @@ if TYPE_CHECKING:
     from warcore.engine import EngineConfig, RunReport
     from warcore.engine.trace_export import TraceRecorder
 
-__all__ = ["RUN", "format_report"]
+__all__ = ["NUM_DRAFT", "RUN", "format_report"]
+
+NUM_DRAFT = Limit(
+    int,
+    1,
+    31,
+    " (a verify of 16 requests x (K+1) tokens must fit the engine's 512-token batch: "
+    "EngineConfig.max_num_draft)",
+)
+"""``--num-draft``: ``EngineConfig().max_num_draft`` (a test ties the two)."""
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -30,13 +43,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithm", default="none", help="speculative algorithm name")
     parser.add_argument("--fence", default="fine", help="fine, coarse or none (unsafe)")
     parser.add_argument("--loop", default="overlap", help="overlap or serial")
-    parser.add_argument(
-        "--requests",
-        type=int,
-        default=64,
-        help="requests in the trace (1 to 100,000: warcore.engine.MAX_TRACE_REQUESTS)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    add_number(parser, "--requests", REQUESTS, 64, "requests in the trace")
+    add_number(parser, "--seed", SEED, 0, "trace seed")
     parser.add_argument(
         "--prompts",
         choices=("random", "repetitive"),
@@ -44,12 +52,13 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="trace prompts: random tokens, or each a repeated short motif (what prompt "
         "lookup, --algorithm ngram, finds)",
     )
-    parser.add_argument(
+    add_number(
+        parser,
         "--num-draft",
-        type=int,
-        default=4,
-        help="draft tokens per verify (speculative only; at most 31 with the default scheduler: "
-        "16 requests x (K+1) tokens must fit the engine's 512-token batch)",
+        NUM_DRAFT,
+        4,
+        "draft tokens per verify (speculative only; the most the default engine can run: "
+        "16 requests x (K+1) tokens must fit its 512-token batch)",
     )
     parser.add_argument("--no-graphs", action="store_true", help="run decode eagerly")
     parser.add_argument(
@@ -68,18 +77,20 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[=VALUE]",
         help="engine flag, a declared one (README: Engine flags); repeatable",
     )
-    parser.add_argument(
+    add_number(
+        parser,
         "--layer-ms",
-        type=non_negative_float,
-        default=0.0,
-        help="modelled device time per model layer in ms, using no CPU (sim only; what "
+        MILLISECONDS,
+        0.0,
+        "modelled device time per model layer in ms, using no CPU (sim only; what "
         "`warcore bench overlap` uses to make the CPU forward behave like a GPU's)",
     )
-    parser.add_argument(
+    add_number(
+        parser,
         "--schedule-ms",
-        type=non_negative_float,
-        default=0.0,
-        help="scheduler device work per step in ms (a modelled H2D copy on the schedule stream)",
+        MILLISECONDS,
+        0.0,
+        "scheduler device work per step in ms (a modelled H2D copy on the schedule stream)",
     )
     parser.add_argument(
         "--trace",
@@ -117,17 +128,23 @@ class _ProgressBar:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from warcore.core import DuplicateNameError, UnknownNameError
-    from warcore.device import DeviceError
-    from warcore.engine import MAX_TRACE_REQUESTS
-
-    check_count("--requests", args.requests, MAX_TRACE_REQUESTS)
+    # Everything that can be refused is refused before torch is imported (seconds) and
+    # before anything is built: the names, the flags, the output path.
     if args.trace:
         check_writable("--trace", args.trace)
     flags = parse_flags(args.flag)
-    plugin_manager()
+    pm = plugin_manager()
+    check_offered(pm, "backend", args.backend)
+    check_offered(pm, "algorithm", args.algorithm)
+    from warcore.core import DuplicateNameError, UnknownNameError
+    from warcore.device import DeviceError
+    from warcore.engine import DrafterError
+
     try:
         return _serve(args, flags)
+    except DrafterError as exc:  # the plugin failed, not the command line: exit 1
+        print(f"warcore: error: {exc}", file=sys.stderr)
+        return 1
     except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -135,7 +152,13 @@ def _run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
     import torch
 
-    from warcore.engine import Engine, EngineConfig, ModelConfig, synthetic_trace
+    from warcore.engine import (
+        Engine,
+        EngineConfig,
+        ModelConfig,
+        compare_with_serial,
+        synthetic_trace,
+    )
 
     dtype = _DTYPES.get(args.dtype)
     if dtype is None:
@@ -169,11 +192,11 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
             serial = Engine(_serial(config), device=args.device)
             with serial:
                 expected = serial.run(trace, progress=_ProgressBar(sys.stderr, "serial", show))
-            report.matches_serial = expected.outputs == report.outputs
+            compare_with_serial(report, expected)
     print(format_report(report))
     if trace_note is not None:
         print(trace_note)
-    return 1 if report.matches_serial is False or report.errors else 0
+    return 1 if report.matches_serial is False or report.errors or report.serial_errors else 0
 
 
 def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
@@ -231,6 +254,7 @@ def format_report(report: RunReport) -> str:
         lines += [f"    request {rid}: {error}" for rid, error in shown]
         if len(report.errors) > _ERRORS_SHOWN:
             lines.append(f"    ... and {len(report.errors) - _ERRORS_SHOWN} more")
+    lines += [f"  drafter         {problem}" for problem in report.drafter_problems]
     if report.matches_serial is not None:
         verdict = (
             "identical to the serial loop"
@@ -238,6 +262,11 @@ def format_report(report: RunReport) -> str:
             else "DIFFERENT from the serial loop (a fence is unsound)"
         )
         lines.append(f"  tokens          {verdict}")
+    elif report.errors or report.serial_errors:
+        lines.append(
+            f"  tokens          not compared with the serial loop: requests failed "
+            f"({len(report.errors)} in this run, {report.serial_errors} in the serial loop)"
+        )
     return "\n".join(lines)
 
 

@@ -13,9 +13,12 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from warcore.cli._common import (
+    REQUESTS,
+    SEED,
     Command,
     UsageError,
-    check_count,
+    add_number,
+    check_offered,
     parse_flags,
     plugin_manager,
     print_table,
@@ -49,8 +52,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also trace an eager run and say where each mode's last shared read is",
     )
-    parser.add_argument("--requests", type=int, default=10, help="requests in the trace")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
+    add_number(parser, "--requests", REQUESTS, 10, "requests in the trace")
+    add_number(parser, "--seed", SEED, 0, "trace seed")
     parser.add_argument("--device", default="sim", help="sim (default) or cuda")
     parser.add_argument(
         "--flag", action="append", default=[], metavar="NAME[=VALUE]", help="engine flag"
@@ -68,11 +71,14 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    flags = parse_flags(args.flag)
+    pm = plugin_manager()
+    for kind, names in (("backend", args.backend), ("algorithm", args.algorithm)):
+        for name in names:
+            check_offered(pm, kind, name)  # before torch is imported
     from warcore.core import DuplicateNameError, UnknownNameError
     from warcore.device import DeviceError
 
-    flags = parse_flags(args.flag)
-    pm = plugin_manager()
     try:
         return _sanitize_all(args, flags, pm)
     except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
@@ -87,9 +93,8 @@ def _sanitize_all(
     (with ``--all``: any registered one, or one disabled because two plugins offer it) that had
     no combination sanitized. The last line says how many were skipped and why."""
     from warcore.audit.sanitizer import combinations
-    from warcore.engine.requests import MAX_TRACE_REQUESTS
+    from warcore.audit.tracer import violation_note
 
-    check_count("--requests", args.requests, MAX_TRACE_REQUESTS)
     if not (args.all or args.backend or args.algorithm):
         raise ValueError("say what to sanitize: --backend NAME, --algorithm NAME, or --all")
     combos = combinations(pm, args.backend, args.algorithm, args.device)
@@ -100,10 +105,15 @@ def _sanitize_all(
         print()
         print(report.format())
     if args.explain:
+        found = {(r.backend, r.algorithm): r.violation for r in reports}
         for combo in combos:
             if combo.skipped is None:
                 print()
-                print(_explain(_trace(args, flags, pm, combo)))
+                trace = _trace(args, flags, pm, combo)
+                print(_explain(trace))
+                violation = found.get((combo.backend, combo.algorithm))
+                if violation is not None:
+                    print(violation_note(trace, violation))
     ran = sum(r.skipped is None for r in reports)
     unaudited = _unaudited(args, pm, reports)
     verdict = "VIOLATIONS FOUND" if problems else "NOT AUDITED" if unaudited else "all sound"
@@ -233,9 +243,9 @@ def _explain(trace: ReadTrace) -> str:
         points = "/".join(sorted(p.value for p in m.record_points))
         after = f"{m.reads_after_point} after the record point" if m.reads_after_point else ""
         lines.append(
-            f"  {m.runner:<6} {m.mode.name:<16} {m.summary()}; the reads allow "
-            f"{m.implied.name}, declared {m.declared.name} ({m.declared_by}), records at "
-            f"{points}{'; ' + after if after else ''}"
+            f"  {m.runner:<6} {m.mode.name:<16} {m.summary()}; {m.reads_allow()}, declared "
+            f"{m.declared.name} ({m.declared_by}), records at {points}"
+            f"{'; ' + after if after else ''}"
         )
     return "\n".join(lines)
 

@@ -2,7 +2,16 @@
 (:mod:`~warcore.engine.observe`) and the Perfetto trace export
 (:mod:`~warcore.engine.trace_export`), imported on use."""
 
-from warcore.engine.engine import FENCES, LOOPS, Engine, EngineConfig, EngineFailed, RunReport
+from warcore.engine.drafter import DrafterError
+from warcore.engine.engine import (
+    FENCES,
+    LOOPS,
+    Engine,
+    EngineConfig,
+    EngineFailed,
+    RunReport,
+    compare_with_serial,
+)
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
@@ -13,6 +22,7 @@ __all__ = [
     "FENCES",
     "MAX_TRACE_REQUESTS",
     "LOOPS",
+    "DrafterError",
     "Engine",
     "EngineConfig",
     "EngineFailed",
@@ -24,5 +34,6 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "TinyLlama",
+    "compare_with_serial",
     "synthetic_trace",
 ]

@@ -29,7 +29,16 @@ them:
 **What it writes.** Exactly ``state.drafts[rows, :num_draft]`` for every row of the batch, the
 next verify's drafts, and nothing else; :meth:`DraftInput.write` does it from a ``[bs, k]``
 tensor or from host lists. Any value is *safe* (verification is greedy and lossless), a good
-one is *accepted*. It must not read the scheduler-shared buffers (``req_to_token``,
+one is *accepted*: the engine checks the drafts at this boundary, after every ``propose``, as
+device work (no host synchronisation), and verifies token ``0`` in place of any draft outside
+``0..vocab_size - 1`` (``write`` maps ``NaN``, infinities and other non-integers the same way),
+so a wrong draft costs acceptance, never a request. A drafter method that raises is isolated
+the same way: the step goes on with the drafts as they are. Either is a broken contract, and
+the run's report (``RunReport.drafter_problems``, ``warcore run``'s ``drafter`` line) names the
+algorithm, its plugin and how often; it is logged once as a warning. A factory that raises or
+returns ``None`` is a :class:`DrafterError` naming both, when the engine is built.
+
+It must not read the scheduler-shared buffers (``req_to_token``,
 ``full_to_swa_index_mapping``): the step's read-done event was recorded before the drafter
 runs, so the scheduler may already be rewriting them (``warcore sanitize`` reports such a read
 as ``later-work``).
@@ -68,12 +77,22 @@ __all__ = [
     "DraftInput",
     "DraftLocation",
     "Drafter",
+    "DrafterError",
     "LegacyBlockDrafter",
+    "INVALID_DRAFT",
     "TokenHistory",
     "as_drafter",
+    "check_drafts",
 ]
 
 DraftLocation = Literal["device", "host"]
+
+
+class DrafterError(RuntimeError):
+    """An algorithm's drafter factory raised, or returned something that is not what its step
+    needs (a :class:`Drafter`, or a draft model); the message names the algorithm and its
+    plugin. ``warcore run`` prints it as one line and exits 1 (the plugin failed, not the
+    command line)."""
 
 
 @dataclass(frozen=True)
@@ -99,22 +118,51 @@ class DraftInput:
     committed: tuple[list[int], ...] | None = None
     """Host drafters only: each row's committed tokens as a list (a device-to-host copy; on
     CUDA a synchronisation of the host with the forward stream)."""
+    vocab_size: int = 0
+    """The target's vocabulary: valid drafts are ``0..vocab_size - 1`` (0: not said)."""
 
     @property
     def batch_size(self) -> int:
         return len(self.row_ids)
 
-    def write(self, drafts: torch.Tensor | Sequence[Sequence[int]]) -> None:
+    def write(self, drafts: torch.Tensor | Sequence[Sequence[float]]) -> None:
         """Store ``drafts`` (``[bs, k]``: a tensor, or one list of ``k`` tokens per row) as
-        the rows' next drafts."""
+        the rows' next drafts. A value that is not a token id (``NaN``, an infinity, a
+        fraction, out of the vocabulary) becomes an invalid draft, which the engine replaces
+        (see the module docstring); a wrong shape raises."""
         k, state = self.num_draft, self.state
         if not isinstance(drafts, torch.Tensor):
-            drafts = torch.tensor([list(d) for d in drafts], dtype=torch.int64)
+            # float64 holds every token id exactly, and NaN or 1e30 without an overflow.
+            drafts = torch.tensor([list(d) for d in drafts], dtype=torch.float64)
         if tuple(drafts.shape) != (self.batch_size, k):
             raise ValueError(
                 f"drafts of shape {tuple(drafts.shape)}; expected ({self.batch_size}, {k})"
             )
+        if drafts.is_floating_point():
+            drafts = _token_ids(drafts, self.vocab_size)
         state.drafts[self.rows, :k] = drafts.to(state.drafts.device, torch.int64)
+
+
+INVALID_DRAFT = -1
+"""What :meth:`DraftInput.write` stores for a value that is not a token id."""
+
+
+def _token_ids(values: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Floating ``values`` as int64 token ids; each one that is not a whole number in the
+    vocabulary (``NaN``, infinities, fractions, out of range) is :data:`INVALID_DRAFT`. Decided
+    before the cast, which is undefined for values out of int64's range."""
+    limit = vocab_size if vocab_size > 0 else 2**62
+    ok = torch.isfinite(values) & (values >= 0) & (values < limit) & (values == values.floor())
+    return torch.where(ok, values, torch.full_like(values, INVALID_DRAFT)).to(torch.int64)
+
+
+def check_drafts(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Device work at the contract boundary, after ``propose``: every draft outside
+    ``0..vocab_size - 1`` becomes token ``0`` (safe: verification is lossless), in place.
+    Returns how many there were, as a 0-d device tensor (no host synchronisation)."""
+    bad = (drafts < 0) | (drafts >= vocab_size)
+    drafts.masked_fill_(bad, 0)
+    return bad.sum()
 
 
 @runtime_checkable
@@ -157,19 +205,20 @@ class LegacyBlockDrafter:
         self.inner.propose(batch.rows, batch.state)
 
 
-def as_drafter(obj: object, algorithm: str) -> Drafter:
-    """``obj`` as a :class:`Drafter` (adapting a legacy ``propose(rows, state)`` drafter)."""
+def as_drafter(obj: object, owner: str) -> Drafter:
+    """``obj`` as a :class:`Drafter` (adapting a legacy ``propose(rows, state)`` drafter);
+    :class:`DrafterError` naming ``owner`` (``algorithm 'x' (plugin 'y')``) otherwise."""
     if isinstance(obj, Drafter):
         if obj.location not in ("device", "host"):
-            raise TypeError(
-                f"algorithm {algorithm!r}: drafter {obj!r} has location {obj.location!r}; "
+            raise DrafterError(
+                f"{owner}: drafter {obj!r} has location {obj.location!r}; "
                 "expected 'device' or 'host'"
             )
         return obj
     if callable(getattr(obj, "propose", None)):
         return LegacyBlockDrafter(obj)
-    raise TypeError(
-        f"algorithm {algorithm!r}: its drafter factory returned {obj!r}, which is not a "
+    raise DrafterError(
+        f"{owner}: its drafter factory returned {obj!r}, which is not a "
         "warcore.engine.drafter.Drafter (location, admit, release, propose)"
     )
 

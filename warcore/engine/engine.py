@@ -16,6 +16,7 @@ batches, so its tokens are the oracle for the overlap loop.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import Counter
@@ -39,7 +40,7 @@ from warcore.core import (
     step_of,
 )
 from warcore.device import Device, DeviceError, get_device
-from warcore.engine.drafter import as_drafter
+from warcore.engine.drafter import DrafterError, as_drafter
 from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
@@ -48,12 +49,27 @@ from warcore.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
 from warcore.engine.spec import StepWorker, Worker, build_drafter
 from warcore.runners import ModelRunner, RowState, RunnerGroup, StepOutput
 
-__all__ = ["FENCES", "LOOPS", "Engine", "EngineConfig", "EngineFailed", "RunReport"]
+__all__ = [
+    "FENCES",
+    "LOOPS",
+    "MAX_MODELLED_S",
+    "Engine",
+    "EngineConfig",
+    "EngineFailed",
+    "RunReport",
+    "compare_with_serial",
+]
 
 Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
 LOOPS: tuple[Loop, ...] = ("overlap", "serial")
+
+
+MAX_MODELLED_S = 1.0
+"""The most modelled device time :class:`EngineConfig` takes per layer (``modelled_layer_s``)
+or per step (``schedule_work_s``): a second. More is a typo (``--layer-ms 1e308`` once failed
+mid-run with an overflow in the sim device's clock)."""
 
 
 class EngineFailed(RuntimeError):
@@ -103,6 +119,11 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            if value > MAX_MODELLED_S:
+                raise ValueError(
+                    f"{name} must be at most {MAX_MODELLED_S:g} s (modelled device time per "
+                    f"layer or step), got {value!r}"
+                )
         if not isinstance(self.flags, tuple):
             raise ValueError(f"flags must be a tuple of (name, value) pairs, got {self.flags!r}")
 
@@ -160,7 +181,15 @@ class RunReport:
     accepted_drafts: int = 0
     stopped: str | None = None
     """The device fault that stopped the run, if one did."""
+    drafter_problems: list[str] = field(default_factory=list)
+    """How the algorithm's drafter broke its contract in this run (invalid drafts replaced, a
+    method that raised), one line each naming the algorithm and its plugin. The tokens are
+    still correct: a wrong draft costs acceptance only."""
     matches_serial: bool | None = None
+    """Whether the tokens equal those of the serial loop; ``None``: not compared (not asked,
+    or requests failed in either run: see :func:`compare_with_serial`)."""
+    serial_errors: int = 0
+    """Requests that failed in the serial run this one was compared with."""
 
     @property
     def idle_steps(self) -> int:
@@ -272,6 +301,7 @@ class Engine:
         cfg, step, tdev = self.config, self.step, self.device.torch_device
         width = self.num_draft + 1
         name = cfg.algorithm
+        owner = f"algorithm {name!r} ({_plugin_of(self.pm, name)})"
         for phase in step.decode:
             chain = phase.runner == "draft" and phase.mode is ForwardMode.DECODE
             if chain and phase.repeat != NUM_DRAFT and phase.repeat != self.num_draft:
@@ -281,10 +311,10 @@ class Engine:
                 )
         draft = drafter = None
         if step.has_draft_model:
-            draft_model = build_drafter(algorithm.drafter, name, self.model, self.num_draft, tdev)
+            draft_model = build_drafter(algorithm.drafter, owner, self.model, self.num_draft, tdev)
             if not isinstance(draft_model, TinyLlama):
-                raise TypeError(
-                    f"algorithm {name!r}: its step runs a draft model, but its drafter factory "
+                raise DrafterError(
+                    f"{owner}: its step runs a draft model, but its drafter factory "
                     f"returned {draft_model!r}, not a warcore.engine.model.TinyLlama"
                 )
             draft_pool = KVPool(
@@ -301,8 +331,8 @@ class Engine:
             }
             draft = self._group("draft", draft_model, draft_pool, factory, modes)
         if step.propose:
-            made = build_drafter(algorithm.drafter, name, self.model, self.num_draft, tdev)
-            drafter = as_drafter(made, name)
+            made = build_drafter(algorithm.drafter, owner, self.model, self.num_draft, tdev)
+            drafter = as_drafter(made, owner)
         return StepWorker(
             name,
             step,
@@ -311,6 +341,7 @@ class Engine:
             draft=draft,
             drafter=drafter,
             max_context=self.pool.max_context,
+            owner=owner,
         )
 
     def _group(
@@ -472,11 +503,17 @@ class Engine:
         start = time.perf_counter()
         stopped = None
         self.step_worker.release_all()  # rows a stopped earlier run left admitted
+        self.step_worker.reset_problems()
         self._scheduler = sched
+        drafter_problems: list[str] = []
         try:
             self._loop(sched, stats, obs)
             self.step_worker.release_all()
             self.device.synchronize()
+            for kind, problem in self.step_worker.drafter_problems().items():
+                key = ("drafter", self.step_worker.owner, kind)
+                self.pm.log_once(key, logging.WARNING, problem)
+                drafter_problems.append(problem)
         except DeviceError as exc:
             # A device fault is sticky: nothing launched after it runs, and every event still
             # completes, so no wait hangs. Stop here; finished requests keep their tokens.
@@ -506,6 +543,7 @@ class Engine:
             verifies=stats.verifies,
             accepted_drafts=stats.accepted,
             stopped=stopped,
+            drafter_problems=drafter_problems,
         )
 
     def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:
@@ -554,6 +592,24 @@ class Engine:
 
 
 _NO_OBSERVER = EngineObserver()
+
+
+def compare_with_serial(report: RunReport, serial: RunReport) -> bool | None:
+    """Set and return ``report.matches_serial``: whether its tokens equal the serial run's,
+    or ``None`` when either run had failed requests (an empty output equals an empty output,
+    which says nothing about a fence). ``report.serial_errors`` counts the serial run's."""
+    report.serial_errors = len(serial.errors)
+    failed = report.errors or serial.errors or report.stopped or serial.stopped
+    report.matches_serial = None if failed else serial.outputs == report.outputs
+    return report.matches_serial
+
+
+def _plugin_of(pm: WarcorePluginManager, algorithm: str) -> str:
+    """``plugin 'dflash' (warcore-dflash)``: who offers ``algorithm``."""
+    offer = get_registry(pm).algorithms.get(algorithm)
+    plugin = offer.plugin if offer is not None else "?"
+    dist = next((i.distribution for i in pm.plugin_infos if i.name == plugin), None)
+    return f"plugin {plugin!r}" + (f" ({dist})" if dist else "")
 
 
 def _check_request_ids(requests: list[Request]) -> None:

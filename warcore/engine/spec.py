@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from warcore.core import NUM_DRAFT, ForwardMode, Phase, StepFacts, StepSpec
-from warcore.engine.drafter import Drafter, DraftInput, TokenHistory
+from warcore.engine.drafter import Drafter, DrafterError, DraftInput, TokenHistory, check_drafts
 from warcore.runners import ModelRunner, RowState, RunnerGroup, StepInput, StepOutput
 from warcore.runners.batch import ForwardBatch
 
@@ -59,7 +59,13 @@ class StepWorker:
 
     ``target``/``draft``: the runner groups (``draft`` only for a step with draft phases);
     ``drafter``: the proposing drafter (only for ``propose=True``); ``num_draft``: the drafts
-    per verify (0 without speculation).
+    per verify (0 without speculation); ``owner``: who the drafter is, for its problems
+    (``algorithm 'x' (plugin 'y')``).
+
+    The drafter is held to its contract here (``warcore/engine/drafter.py``): after each
+    ``propose`` the rows' drafts are checked on the device (an invalid one becomes token 0),
+    and a drafter method that raises is recorded, not propagated; :meth:`drafter_problems`
+    says what happened.
     """
 
     def __init__(
@@ -72,8 +78,10 @@ class StepWorker:
         draft: RunnerGroup | None = None,
         drafter: Drafter | None = None,
         max_context: int = 0,
+        owner: str = "",
     ) -> None:
         self.algorithm = algorithm
+        self.owner = owner or f"algorithm {algorithm!r}"
         self.spec = spec
         self.target = target
         self.draft = draft
@@ -98,6 +106,11 @@ class StepWorker:
             )
         self.admitted: dict[int, int] = {}
         """Row -> request id of the requests the drafter was told about (host side)."""
+        self.vocab_size = r.model.cfg.vocab_size
+        self._invalid_drafts = torch.zeros((), dtype=torch.int64, device=r.device.torch_device)
+        """Drafts replaced at the contract boundary since :meth:`reset_problems` (device)."""
+        self._raised: dict[str, tuple[int, str]] = {}
+        """Drafter method -> (calls that raised, what the first raised); stream work."""
 
     # -- the event owner --------------------------------------------------------------------
     _owner_cache: object = None
@@ -137,8 +150,7 @@ class StepWorker:
         r.commit(out)
         if self.history is not None and self.drafter is not None:
             history, state, drafter = self.history, r.rows, self.drafter
-            with r.device.use_stream(r.forward_stream):
-                r.device.launch(lambda: history.record(out, state), "record_history")
+            self._launch(lambda: history.record(out, state), "record_history")
             if self.spec.propose:
                 self._propose(step, out, drafter, history)
         return out
@@ -207,16 +219,14 @@ class StepWorker:
 
         draft_step = StepInput(ForwardMode.DECODE, step.rows, [1] * bs, 1, offset=j, fill=fill)
         out = self.draft.run(draft_step)
-        r = self.draft.runner
-        tokens, hidden, _ = r.outputs(out.batch)
+        tokens, hidden, _ = self.draft.runner.outputs(out.batch)
         rows = out.batch.req_pool_indices
 
         def keep() -> None:
             state.drafts[rows[:bs], j] = tokens[:bs, 0]
             prev[rows[:bs]] = hidden[:bs, 0]
 
-        with r.device.use_stream(r.forward_stream):
-            r.device.launch(keep, f"keep_draft{j}")
+        self._launch(keep, f"keep_draft{j}")
 
     # -- the drafter ------------------------------------------------------------------------
     def _admit(self, step: StepInput) -> None:
@@ -237,9 +247,9 @@ class StepWorker:
 
         def admit() -> None:
             for row in stale:
-                drafter.release(row)
+                self._call("release", drafter.release, row)
             for row, rid, prompt in entries:
-                drafter.admit(row, rid, prompt)
+                self._call("admit", drafter.admit, row, rid, prompt)
 
         with r.device.use_stream(r.forward_stream):
             r.device.launch(admit, "drafter_admit")
@@ -255,7 +265,7 @@ class StepWorker:
 
         def release() -> None:
             for row in gone:
-                drafter.release(row)
+                self._call("release", drafter.release, row)
 
         with r.device.use_stream(r.forward_stream):
             r.device.launch(release, "drafter_release")
@@ -270,17 +280,68 @@ class StepWorker:
         rows, state = out.batch.req_pool_indices, r.rows
         host_rows, ids = tuple(step.rows), _request_ids(step)
         host = drafter.location == "host"
-        mode, k = out.step.forward_mode, self.num_draft
+        mode, k, vocab = out.step.forward_mode, self.num_draft, self.vocab_size
 
         def propose() -> None:
             live = rows[:bs]
             committed = history.committed(live, state) if host else None
-            drafter.propose(
-                DraftInput(mode, k, live, host_rows, ids, state, history.tokens, committed)
+            batch = DraftInput(
+                mode, k, live, host_rows, ids, state, history.tokens, committed, vocab
             )
+            self._call("propose", drafter.propose, batch)
+            drafts = state.drafts[live, :k]
+            self._invalid_drafts += check_drafts(drafts, vocab)
+            state.drafts[live, :k] = drafts
 
+        self._launch(propose, "draft_propose")
+
+    def _call(self, method: str, fn: Callable[..., object], *args: Any) -> None:
+        """A drafter method, isolated: what it raises is recorded (stream work)."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            n, first = self._raised.get(method, (0, f"{type(exc).__name__}: {exc}"))
+            self._raised[method] = (n + 1, first)
+
+    def _launch(self, fn: Callable[[], object], label: str) -> None:
+        """Step work after the forwards, on the forward stream, through the target runner's
+        probe when one is installed (the read tracer sees its reads)."""
+        r = self.target.runner
+        if r.probe is not None:
+            fn = r.probe.wrap(r, label, fn)
         with r.device.use_stream(r.forward_stream):
-            r.device.launch(propose, "draft_propose")
+            r.device.launch(fn, label)
+
+    # -- the drafter's problems -------------------------------------------------------------
+    def reset_problems(self) -> None:
+        """Start counting afresh (stream work, in order with the steps; the engine calls it at
+        the start of a run)."""
+        r = self.target.runner
+        with r.device.use_stream(r.forward_stream):
+            r.device.launch(self._invalid_drafts.zero_, "drafter_reset")
+        self._raised = {}
+
+    def drafter_problems(self) -> dict[str, str]:
+        """How the drafter broke its contract since :meth:`reset_problems`: by kind
+        (``invalid-drafts``, or the method that raised), one line each naming :attr:`owner`.
+        Reads a device counter: call it after the forward stream finished (the engine does,
+        at the end of a run)."""
+        if self.drafter is None:
+            return {}
+        problems = {}
+        invalid = int(self._invalid_drafts.item())
+        if invalid:
+            problems["invalid-drafts"] = (
+                f"{self.owner}: its drafter proposed {invalid} draft token(s) outside the "
+                f"vocabulary (valid: 0..{self.vocab_size - 1}); token 0 was verified in their "
+                "place (a wrong draft costs acceptance, never correctness)"
+            )
+        for method, (n, first) in sorted(self._raised.items()):
+            problems[method] = (
+                f"{self.owner}: its drafter's {method}() raised {n} time(s), first {first}; "
+                "the step went on with the drafts as they were (any draft is safe)"
+            )
+        return problems
 
 
 def _request_ids(step: StepInput) -> tuple[int, ...]:
@@ -288,7 +349,17 @@ def _request_ids(step: StepInput) -> tuple[int, ...]:
     return tuple(ids) if ids is not None else (-1,) * step.batch_size
 
 
-def build_drafter(spec_drafter: Callable[..., Any] | None, name: str, *args: Any) -> Any:
+def build_drafter(spec_drafter: Callable[..., Any] | None, owner: str, *args: Any) -> Any:
+    """What the algorithm's drafter factory returns; :class:`DrafterError` naming ``owner``
+    (``algorithm 'x' (plugin 'y')``) when it has none, raises, or returns ``None``."""
     if spec_drafter is None:
-        raise ValueError(f"algorithm {name!r} offers no drafter for the reference engine")
-    return spec_drafter(*args)
+        raise DrafterError(f"{owner} offers no drafter for the reference engine")
+    try:
+        made = spec_drafter(*args)
+    except Exception as exc:
+        raise DrafterError(
+            f"{owner}: its drafter factory raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if made is None:
+        raise DrafterError(f"{owner}: its drafter factory returned None")
+    return made
