@@ -168,7 +168,7 @@ class ContradictingHooks(DeclaredAlgorithm):
     """
 
     def __init__(self) -> None:
-        super().__init__("k_draft_verify", k_draft_verify(), drafter=self_draft)
+        super().__init__("wctest_k_draft_verify", k_draft_verify(), drafter=self_draft)
         self.__name__ = "ContradictingHooks"
 
     @warcore.hookimpl
