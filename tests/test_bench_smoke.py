@@ -132,7 +132,7 @@ def test_plot_without_matplotlib_is_one_line(
     )
     for argv in (
         ["bench", "--plot", str(tmp_path / "x.png")],
-        ["bench", "sweep", *TINY, "--plot", str(tmp_path / "x.png")],
+        ["bench", "sweep", *TINY, "--backend", "torch_native", "--plot", str(tmp_path / "x.png")],
     ):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err

@@ -125,7 +125,7 @@ def test_a_boolean_flag_accepts_only_the_documented_spellings(
         ("hicache=1", True),
         ("hicache=off", False),
         ("hicache=0", False),
-        ("hybrid_decode_backend=trtllm_mha", "trtllm_mha"),
+        ("hybrid_decode_backend=torch_native", "torch_native"),
     ],
 )
 def test_flag_values_are_parsed_by_the_flags_kind(
