@@ -39,7 +39,7 @@ from warcore.core._specs import (
 if TYPE_CHECKING:
     import torch
 
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch
 
 __all__ = [
     "CHILD_FLAGS",

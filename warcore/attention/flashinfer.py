@@ -23,8 +23,7 @@ from warcore.attention.torch_native import TorchNativeBackend
 from warcore.core import BoundaryContext, ForwardMode
 
 if TYPE_CHECKING:
-    from warcore.engine.kv_pool import KVPool
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch, KVPool
 
 __all__ = ["FlashInferBackend"]
 

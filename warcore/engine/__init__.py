@@ -12,7 +12,6 @@ from warcore.engine.engine import (
     RunReport,
     compare_with_serial,
 )
-from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
 from warcore.engine.requests import MAX_TRACE_REQUESTS, Request, synthetic_trace
@@ -27,7 +26,6 @@ __all__ = [
     "EngineConfig",
     "EngineFailed",
     "EngineObserver",
-    "KVPool",
     "ModelConfig",
     "Request",
     "RunReport",

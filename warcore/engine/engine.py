@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from warcore.attention import AttentionBackend
+from warcore.batch import KVPool, RowState
 from warcore.core import (
     NUM_DRAFT,
     AlgorithmSpec,
@@ -41,13 +42,12 @@ from warcore.core import (
 )
 from warcore.device import Device, DeviceError, get_device
 from warcore.engine.drafter import DrafterError, as_drafter
-from warcore.engine.kv_pool import KVPool
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
 from warcore.engine.requests import Request
 from warcore.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
 from warcore.engine.spec import StepWorker, Worker, build_drafter
-from warcore.runners import ModelRunner, RowState, RunnerGroup, StepOutput
+from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
 __all__ = [
     "FENCES",

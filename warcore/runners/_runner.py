@@ -17,15 +17,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from warcore.batch import ForwardBatch, KVPool, Model, RowState, StepInput
 from warcore.core import BoundaryContext, DecisionCache, ForwardMode, RecordPoint
 from warcore.device import Device, Event, Stream
 from warcore.runners._probe import ForwardProbe, Work
-from warcore.runners.batch import ForwardBatch, RowState, StepInput
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
-    from warcore.engine.kv_pool import KVPool
-    from warcore.engine.model import TinyLlama
 
 __all__ = ["PROMPT_MODES", "ModelRunner", "ReadDoneMailbox", "StepOutput"]
 
@@ -87,7 +85,7 @@ class ModelRunner:
         *,
         device: Device,
         forward_stream: Stream,
-        model: TinyLlama,
+        model: Model,
         pool: KVPool,
         backend: AttentionBackend,
         context: BoundaryContext,

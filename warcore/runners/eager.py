@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from warcore.batch import ForwardBatch, StaticBatch, StepInput
 from warcore.core import (
     DecisionKey,
     Execution,
@@ -14,7 +15,6 @@ from warcore.core import (
     runner_kind_for,
 )
 from warcore.runners._runner import ModelRunner, StepOutput
-from warcore.runners.batch import ForwardBatch, StaticBatch, StepInput
 
 __all__ = ["EagerRunner"]
 

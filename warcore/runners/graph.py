@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import bisect
 
+from warcore.batch import StaticBatch, StepInput
 from warcore.core import DecisionKey, Execution, ForwardMode, RecordPoint, runner_kind_for
 from warcore.device import Graph
 from warcore.runners._runner import ModelRunner, StepOutput
-from warcore.runners.batch import StaticBatch, StepInput
 
 __all__ = ["GraphRunner", "default_buckets"]
 
