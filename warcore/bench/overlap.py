@@ -3,7 +3,7 @@
 Both run the same seeded request trace through the reference engine with the serial loop, the
 coarse fence, the fine fence and no fence (unsafe: the upper bound of overlap), and read the
 forward stream's timeline from the device's work-item spans (see
-:mod:`warcore.engine.trace_export`).
+:mod:`warcore.audit.trace_export`).
 
 The model, stated in every result, because the tiny CPU forward is not a GPU's:
 
@@ -131,8 +131,8 @@ def run_variant(
     oracle: dict[int, list[int]] | None = None,
 ) -> tuple[RunSample, dict[int, list[int]]]:
     """Run ``trace`` once with ``variant`` on a fresh engine; the sample and the outputs."""
+    from warcore.audit.trace_export import SCHEDULE_STREAM, Timeline, TraceRecorder
     from warcore.engine import Engine
-    from warcore.engine.trace_export import SCHEDULE_STREAM, Timeline, TraceRecorder
 
     cfg = replace(
         base,

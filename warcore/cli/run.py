@@ -21,9 +21,9 @@ from warcore.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from warcore.audit.trace_export import TraceRecorder
     from warcore.core._specs import FlagValue
     from warcore.engine import EngineConfig, RunReport
-    from warcore.engine.trace_export import TraceRecorder
 
 __all__ = ["NUM_DRAFT", "RUN", "format_report"]
 
@@ -179,7 +179,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     recorder, trace_note = None, None
     if args.trace:
-        from warcore.engine.trace_export import TraceRecorder
+        from warcore.audit.trace_export import TraceRecorder
 
         recorder = TraceRecorder()
     with Engine(config, device=args.device) as engine:
@@ -200,7 +200,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
 
 
 def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
-    from warcore.engine.trace_export import write_chrome_trace
+    from warcore.audit.trace_export import write_chrome_trace
 
     cfg = report.config
     meta = {

@@ -1,6 +1,6 @@
-"""The reference overlap engine: tiny model, KV pool, scheduler, overlap loop; its observers
-(:mod:`~warcore.engine.observe`) and the Perfetto trace export
-(:mod:`~warcore.engine.trace_export`), imported on use."""
+"""The reference overlap engine: tiny model, scheduler, overlap loop, and the observer hook
+(:mod:`~warcore.engine.observe`) that audit tools such as the Perfetto trace export
+(:mod:`~warcore.audit.trace_export`) implement."""
 
 from warcore.engine.drafter import DrafterError
 from warcore.engine.engine import (
