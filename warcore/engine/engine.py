@@ -60,6 +60,9 @@ __all__ = [
     "compare_with_serial",
 ]
 
+Launched = tuple[Scheduled, StepOutput]
+"""A launched step: the scheduler's batch, and the output its forwards will leave."""
+
 Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
@@ -477,16 +480,7 @@ class Engine:
                 "sticky, as on a GPU: build a new Engine"
             )
         reqs = [r.fresh() for r in requests]
-        cfg = self.config
-        max_kv = min(self.pool.max_context, self.pool.num_slots - 1)
-        for req in reqs:
-            req.error = req.problem(
-                vocab_size=cfg.model.vocab_size,
-                max_prompt=cfg.max_prompt,
-                max_kv=max_kv,
-                num_draft=self.num_draft,
-            )
-        servable = [r for r in reqs if r.error is None]
+        servable = self._servable(reqs)
         sched = Scheduler(
             servable,
             self.pool,
@@ -501,29 +495,59 @@ class Engine:
         self.barriers.clear()
         stats = _Collected(sum(r.max_new_tokens for r in servable), progress)
         start = time.perf_counter()
-        stopped = None
-        self.step_worker.release_all()  # rows a stopped earlier run left admitted
-        self.step_worker.reset_problems()
+        stopped, drafter_problems = self._serve(sched, stats, obs, reqs)
+        elapsed = time.perf_counter() - start
+        stats.report_progress()
+        return self._report(reqs, sched, stats, elapsed, stopped, drafter_problems)
+
+    def _servable(self, reqs: list[Request]) -> list[Request]:
+        """The requests this engine can serve; each other one gets ``error`` saying why."""
+        cfg = self.config
+        max_kv = min(self.pool.max_context, self.pool.num_slots - 1)
+        for req in reqs:
+            req.error = req.problem(
+                vocab_size=cfg.model.vocab_size,
+                max_prompt=cfg.max_prompt,
+                max_kv=max_kv,
+                num_draft=self.num_draft,
+            )
+        return [r for r in reqs if r.error is None]
+
+    def _serve(
+        self, sched: Scheduler, stats: _Collected, obs: EngineObserver, reqs: list[Request]
+    ) -> tuple[str | None, list[str]]:
+        """Run the loop to its end: the device fault that stopped it (``None``: none), and how
+        the algorithm's drafter broke its contract (each problem also logged once)."""
+        worker = self.step_worker
+        worker.release_all()  # rows a stopped earlier run left admitted
+        worker.reset_problems()
         self._scheduler = sched
-        drafter_problems: list[str] = []
         try:
             self._loop(sched, stats, obs)
-            self.step_worker.release_all()
+            worker.release_all()
             self.device.synchronize()
-            for kind, problem in self.step_worker.drafter_problems().items():
-                key = ("drafter", self.step_worker.owner, kind)
-                self.pm.log_once(key, logging.WARNING, problem)
-                drafter_problems.append(problem)
+            problems = worker.drafter_problems()
+            for kind, problem in problems.items():
+                self.pm.log_once(("drafter", worker.owner, kind), logging.WARNING, problem)
+            return None, list(problems.values())
         except DeviceError as exc:
             # A device fault is sticky: nothing launched after it runs, and every event still
             # completes, so no wait hangs. Stop here; finished requests keep their tokens.
             self.failure = exc
-            stopped = str(exc)
             for req in reqs:
                 if not req.done:
                     req.error = f"engine stopped: {exc}"
-        elapsed = time.perf_counter() - start
-        stats.report_progress()
+            return str(exc), []
+
+    def _report(
+        self,
+        reqs: list[Request],
+        sched: Scheduler,
+        stats: _Collected,
+        elapsed: float,
+        stopped: str | None,
+        drafter_problems: list[str],
+    ) -> RunReport:
         published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
         for runner in self.runners:
             published.update(runner.published)
@@ -547,48 +571,71 @@ class Engine:
         )
 
     def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:
-        clock = time.perf_counter
+        """Step after step until every request is served: schedule step N+1 and launch it,
+        fence the scheduler's next writes, then collect step N, which ran meanwhile. The
+        serial loop collects each step right after launching it instead."""
         serial = self.config.loop == "serial"
-        pending: tuple[Scheduled, StepOutput] | None = None
+        in_flight: Launched | None = None
         while not sched.finished_scheduling:
-            t0 = clock()
-            scheduled = sched.schedule(stats.steps)
-            obs.host_span("schedule", t0, clock(), {"step": stats.steps})
-            if scheduled is None:
-                if pending is not None:
-                    t0 = clock()
-                    stats.collect(sched, *pending)
-                    obs.host_span("collect", t0, clock(), {})
-                    pending = None
+            scheduled = self._schedule(sched, stats, obs)
+            if scheduled is None:  # nothing can launch at this step
+                if in_flight is not None:
+                    self._collect(sched, stats, obs, in_flight)
+                    in_flight = None
                     stats.steps += 1
-                    continue
-                nxt = sched.next_arrival()
-                stats.steps = max(stats.steps + 1, nxt if nxt is not None else 0)
+                else:  # idle until the next request arrives
+                    arrival = sched.next_arrival()
+                    stats.steps = max(stats.steps + 1, arrival if arrival is not None else 0)
                 continue
-            t0 = clock()
-            out = self.launch(scheduled)
-            sched.on_launched(scheduled)
-            mode = scheduled.step.forward_mode
-            obs.host_span("launch", t0, clock(), {"step": stats.steps, "mode": mode.name})
-            stats.forwards[mode] += 1
+            launched = self._launch_step(sched, stats, obs, scheduled)
             if serial:
-                t0 = clock()
-                self.device.synchronize()
-                stats.collect(sched, scheduled, out)
-                obs.host_span("collect", t0, clock(), {})
+                self._collect(sched, stats, obs, launched, wait_all=True)
             else:
-                t0 = clock()
-                kind = self.barrier()
-                obs.barrier(kind, t0)
-                if pending is not None:
-                    t0 = clock()
-                    stats.collect(sched, *pending)
-                    obs.host_span("collect", t0, clock(), {})
-                pending = (scheduled, out)
+                t0 = time.perf_counter()
+                obs.barrier(self.barrier(), t0)
+                if in_flight is not None:
+                    self._collect(sched, stats, obs, in_flight)
+                in_flight = launched
             stats.report_progress()
             stats.steps += 1
-        if pending is not None:
-            stats.collect(sched, *pending)
+        if in_flight is not None:
+            stats.collect(sched, *in_flight)
+
+    def _schedule(
+        self, sched: Scheduler, stats: _Collected, obs: EngineObserver
+    ) -> Scheduled | None:
+        t0 = time.perf_counter()
+        scheduled = sched.schedule(stats.steps)
+        obs.host_span("schedule", t0, time.perf_counter(), {"step": stats.steps})
+        return scheduled
+
+    def _launch_step(
+        self, sched: Scheduler, stats: _Collected, obs: EngineObserver, scheduled: Scheduled
+    ) -> Launched:
+        t0 = time.perf_counter()
+        out = self.launch(scheduled)
+        sched.on_launched(scheduled)
+        mode = scheduled.step.forward_mode
+        obs.host_span("launch", t0, time.perf_counter(), {"step": stats.steps, "mode": mode.name})
+        stats.forwards[mode] += 1
+        return scheduled, out
+
+    def _collect(
+        self,
+        sched: Scheduler,
+        stats: _Collected,
+        obs: EngineObserver,
+        launched: Launched,
+        *,
+        wait_all: bool = False,
+    ) -> None:
+        """The host side of a launched step: wait for it (``wait_all``: for all device work),
+        then hand its tokens to the requests."""
+        t0 = time.perf_counter()
+        if wait_all:
+            self.device.synchronize()
+        stats.collect(sched, *launched)
+        obs.host_span("collect", t0, time.perf_counter(), {})
 
 
 _NO_OBSERVER = EngineObserver()
