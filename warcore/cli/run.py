@@ -38,6 +38,7 @@ NUM_DRAFT = Limit(
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
+    """What runs: device, backend, algorithm, fence, loop, the trace, the model."""
     parser.add_argument("--device", default=None, help="sim or cuda (default: cuda if present)")
     parser.add_argument("--backend", default="torch_native", help="attention backend name")
     parser.add_argument("--algorithm", default="none", help="speculative algorithm name")
@@ -67,6 +68,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="model dtype: float64 (default; keeps speculative decoding bit-exact), float32, "
         "float16, bfloat16 (flashinfer needs a 16-bit one)",
     )
+    _configure_run(parser)
+
+
+def _configure_run(parser: argparse.ArgumentParser) -> None:
+    """The options after the engine's (in ``--help``'s order): checks, flags, modelled
+    device time, the trace file and the progress bar."""
     parser.add_argument(
         "--no-verify", action="store_true", help="skip the serial-loop comparison of tokens"
     )
