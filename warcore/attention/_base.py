@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, ClassVar
 from warcore.core import SharedReadBoundary
 
 if TYPE_CHECKING:
-    import torch
+    from torch import Tensor
 
     from warcore.batch import ForwardBatch, KVPool
     from warcore.core import BoundaryContext, ForwardMode
@@ -126,14 +126,7 @@ class AttentionBackend(ABC):
         self.init_forward_metadata_in_graph(batch)
 
     @abstractmethod
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         """Store this layer's new K/V and return attention output ``[bs, max_q, heads, dim]``.
 
         ``q``: ``[bs, max_q, heads, dim]`` (RoPE applied); ``k``/``v``:

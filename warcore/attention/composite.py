@@ -37,7 +37,7 @@ from warcore.core._specs import (
 )
 
 if TYPE_CHECKING:
-    import torch
+    from torch import Tensor
 
     from warcore.batch import ForwardBatch
 
@@ -174,14 +174,7 @@ class HybridBackend(AttentionBackend):
     def refine_prefill_boundary(self, batch: ForwardBatch) -> SharedReadBoundary:
         return self.select(batch.forward_mode).refine_prefill_boundary(batch)
 
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         return self.select(batch.forward_mode).forward(layer, q, k, v, batch)
 
 
@@ -216,12 +209,5 @@ class LayerHybridBackend(AttentionBackend):
         answers = [c.refine_prefill_boundary(batch) for c in self._children]
         return max(answers, key=lambda b: b.value)
 
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         return self._children[layer % len(self._children)].forward(layer, q, k, v, batch)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 
     from warcore.batch._forward import ForwardBatch
 
@@ -54,13 +55,8 @@ class LayerAttention(Protocol):
     :class:`~warcore.attention.AttentionBackend` is one)."""
 
     def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor: ...
+        self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch
+    ) -> Tensor: ...
 
 
 class Model(Protocol):
@@ -71,16 +67,14 @@ class Model(Protocol):
     @property
     def cfg(self) -> ModelShape: ...
 
-    def embed(self, batch: ForwardBatch) -> torch.Tensor:
+    def embed(self, batch: ForwardBatch) -> Tensor:
         """The hidden states ``[bs, max_q, hidden]`` the first layer takes."""
         ...
 
-    def layer(
-        self, i: int, h: torch.Tensor, batch: ForwardBatch, backend: LayerAttention
-    ) -> torch.Tensor:
+    def layer(self, i: int, h: Tensor, batch: ForwardBatch, backend: LayerAttention) -> Tensor:
         """Layer ``i`` over ``h``, attending through ``backend``."""
         ...
 
-    def sample(self, h: torch.Tensor) -> torch.Tensor:
+    def sample(self, h: Tensor) -> Tensor:
         """The next token at every query position, ``[bs, max_q]`` (int64)."""
         ...

@@ -18,21 +18,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from warcore.batch import ForwardBatch, KVPool, Model, RowState, StepInput
-from warcore.core import (
-    BoundaryContext,
-    Decision,
-    DecisionCache,
-    DecisionKey,
-    Execution,
-    ForwardMode,
-    RecordPoint,
-    runner_kind_for,
-)
+from warcore.core import ForwardMode, RecordPoint, runner_kind_for
 from warcore.device import Device, Event, Stream
 from warcore.runners._probe import ForwardProbe, Work
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
+    from warcore.core import BoundaryContext, Decision, DecisionCache, DecisionKey, Execution
 
 __all__ = ["PROMPT_MODES", "ModelRunner", "ReadDoneMailbox", "StepOutput"]
 
