@@ -121,12 +121,22 @@ def check_child_flags(flags: Mapping[str, FlagValue], backend: Callable[[str], o
                     paths.append((child, step, (*seen, child)))
 
 
-def _build(names: Sequence[str], wrapper: str, **kwargs: Any) -> list[AttentionBackend]:
+def _build(
+    wrapper: str,
+    names: Sequence[str],
+    pool: Any,
+    max_bs: int,
+    capacity: int,
+    context: BoundaryContext,
+) -> list[AttentionBackend]:
+    """The children ``names`` of ``wrapper``, each built by its registered factory with the
+    wrapper's own constructor arguments."""
     registry = get_registry(get_plugin_manager())
-    check_child_flags(dict(kwargs["context"].flags), registry.backend)
+    check_child_flags(dict(context.flags), registry.backend)
     children = []
     for name in names:
-        child = registry.backend(name).factory(**kwargs)
+        factory = registry.backend(name).factory
+        child = factory(pool=pool, max_bs=max_bs, capacity=capacity, context=context)
         if not isinstance(child, AttentionBackend):
             raise TypeError(f"{wrapper!r}: child {name!r} built {child!r}, not an AttentionBackend")
         children.append(child)
@@ -141,11 +151,9 @@ class HybridBackend(AttentionBackend):
     def __init__(self, pool: Any, max_bs: int, capacity: int, context: BoundaryContext) -> None:
         super().__init__(pool)
         self.context = context
-        kwargs = {"pool": pool, "max_bs": max_bs, "capacity": capacity, "context": context}
-        prefill_name, decode_name = _flag(context, HYBRID_PREFILL), _flag(context, HYBRID_DECODE)
-        self.prefill_backend, self.decode_backend = _build(
-            [prefill_name, decode_name], self.name, **kwargs
-        )
+        names = [_flag(context, HYBRID_PREFILL), _flag(context, HYBRID_DECODE)]
+        children = _build(self.name, names, pool, max_bs, capacity, context)
+        self.prefill_backend, self.decode_backend = children
         self.spec_attn_is_decode = bool(_flag(context, SPEC_ATTN_IS_DECODE))
 
     def select(self, mode: ForwardMode) -> AttentionBackend:
@@ -186,10 +194,8 @@ class LayerHybridBackend(AttentionBackend):
     def __init__(self, pool: Any, max_bs: int, capacity: int, context: BoundaryContext) -> None:
         super().__init__(pool)
         self.context = context
-        kwargs = {"pool": pool, "max_bs": max_bs, "capacity": capacity, "context": context}
-        self._children = tuple(
-            _build(layer_hybrid_children(ForwardMode.DECODE, context), self.name, **kwargs)
-        )
+        names = layer_hybrid_children(ForwardMode.DECODE, context)
+        self._children = tuple(_build(self.name, names, pool, max_bs, capacity, context))
 
     def children(self) -> tuple[AttentionBackend, ...]:
         return self._children
