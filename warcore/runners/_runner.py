@@ -272,14 +272,10 @@ class ModelRunner:
         probe = self.probe
         return probe if probe is not None and probe.begin(self, step, decision) else None
 
-    def publish_at(
-        self, here: RecordPoint, point: RecordPoint, mode: ForwardMode, probe: ForwardProbe | None
-    ) -> None:
-        """The forward has reached record point ``here``: if it is the decided ``point``,
-        record a fresh read-done event on the forward stream, and let ``probe`` act right
-        after it (in stream order: the sanitizer's poison lands exactly there)."""
-        if point is not here:
-            return
+    def publish(self, point: RecordPoint, mode: ForwardMode, probe: ForwardProbe | None) -> None:
+        """The forward has reached its decided record ``point``: record a fresh read-done
+        event on the forward stream, here, and let ``probe`` act right after it (in stream
+        order: the sanitizer's poison lands exactly there)."""
         self.mailbox.put(self.forward_stream.record_event())
         if probe is not None:
             probe.at_record_point(self, mode, point)

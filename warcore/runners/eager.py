@@ -33,11 +33,14 @@ class EagerRunner:
         point = decision.record_point
         probe = r.start_forward(step, decision)
         r.load_batch(step, fb)
-        r.publish_at(RecordPoint.PRE_REPLAY, point, mode, probe)
+        if point is RecordPoint.PRE_REPLAY:
+            r.publish(point, mode, probe)
         r.in_graph_init(fb)
-        r.publish_at(RecordPoint.AFTER_IN_GRAPH_INIT, point, mode, probe)
+        if point is RecordPoint.AFTER_IN_GRAPH_INIT:
+            r.publish(point, mode, probe)
         r.body(fb)
-        r.publish_at(RecordPoint.POST_REPLAY, point, mode, probe)
+        if point is RecordPoint.POST_REPLAY:
+            r.publish(point, mode, probe)
         return r.emit(step, fb, point)
 
     def _decide(self, step: StepInput, fb: ForwardBatch) -> Decision:

@@ -134,11 +134,13 @@ class GraphRunner:
         if probe is not None and point is RecordPoint.IN_GRAPH_NODE:
             graph = self._probe_graph(bucket)  # its probe work sits right after the node
         r.load_batch(step.padded(bucket), fb)
-        r.publish_at(RecordPoint.PRE_REPLAY, point, mode, probe)
+        if point is RecordPoint.PRE_REPLAY:
+            r.publish(point, mode, probe)
         graph.replay()
         if point is RecordPoint.IN_GRAPH_NODE:
             r.mailbox.put(self.read_done_event)  # the replay's node re-armed it
-        r.publish_at(RecordPoint.POST_REPLAY, point, mode, probe)
+        elif point is RecordPoint.POST_REPLAY:
+            r.publish(point, mode, probe)
         return r.emit(step, fb, point)
 
     def _probe_graph(self, bucket: int) -> Graph:
