@@ -13,9 +13,8 @@ import warcore
 from warcore import CONTRACT_MODES, AlgorithmSpec, BackendSpec, ForwardMode
 from warcore.attention import AttentionBackend, declare_shared_read
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.batch import ForwardBatch, RowState
 from warcore.engine import ModelConfig
-from warcore.runners import RowState
-from warcore.runners.batch import ForwardBatch
 
 TINY_MODEL = ModelConfig(
     hidden=64,

@@ -7,8 +7,8 @@ import torch
 import warcore
 from warcore import ForwardMode, SharedReadBoundary
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.batch import ForwardBatch
 from warcore.engine.model import TinyLlama, rms_norm
-from warcore.runners.batch import ForwardBatch
 
 
 def dense_greedy(model: TinyLlama, prompt: list[int], n: int) -> list[int]:

@@ -252,7 +252,7 @@ def test_a_str_flag_keeps_its_text_and_a_child_must_be_a_backend(
 def test_modelled_time_is_bounded_in_the_engine_too() -> None:
     from warcore.cli._common import MILLISECONDS
     from warcore.engine import EngineConfig
-    from warcore.engine.engine import MAX_MODELLED_S
+    from warcore.engine.config import MAX_MODELLED_S
 
     assert MILLISECONDS.most == MAX_MODELLED_S * 1e3  # the CLI's limit is the engine's
     for name in ("modelled_layer_s", "schedule_work_s"):

@@ -13,6 +13,7 @@ import torch
 import warcore
 from warcore import BackendSpec, ForwardMode
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.batch import ForwardBatch
 from warcore.cli import main
 from warcore.core import DFLASH_STEP, EAGLE_STEP, WarcorePluginManager, get_registry
 from warcore.engine import (
@@ -24,7 +25,6 @@ from warcore.engine import (
     synthetic_trace,
 )
 from warcore.engine.drafter import DraftInput
-from warcore.runners.batch import ForwardBatch
 from warcore.testing import DeclaredAlgorithm, make_plugin_manager
 
 TRACE = {"prompt_len": (4, 10), "output_len": (3, 12)}

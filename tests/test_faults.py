@@ -16,9 +16,9 @@ import torch
 import warcore
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.batch import ForwardBatch
 from warcore.core import LoaderConfig, WarcorePluginManager
 from warcore.engine import Engine, EngineConfig, EngineFailed, Request, synthetic_trace
-from warcore.runners.batch import ForwardBatch
 
 TRACE = synthetic_trace(24, seed=9, output_len=(2, 12))
 

@@ -16,7 +16,7 @@ import warcore
 from warcore import AlgorithmSpec, ForwardMode, Phase, SharedReadBoundary, StepSpec, cli
 from warcore.audit.sanitizer import VIOLATION_KINDS, sanitize
 from warcore.audit.tracer import trace_reads, violation_note
-from warcore.runners import RowState
+from warcore.batch import RowState
 from warcore.testing import (
     DeclaredAlgorithm,
     assert_declarations_sound,

@@ -11,9 +11,9 @@ import torch
 
 import warcore
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
+from warcore.batch import RowState
 from warcore.core import LoaderConfig, WarcorePluginManager
 from warcore.engine import Engine, EngineConfig, Request, RunReport, synthetic_trace
-from warcore.runners import RowState
 
 pytestmark = pytest.mark.plugins()
 

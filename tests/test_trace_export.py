@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from warcore import cli
-from warcore.core import ForwardMode, RecordPoint, reset_plugin_manager
-from warcore.engine.trace_export import (
+from warcore.audit.trace_export import (
     DeviceSpan,
     ForwardRecord,
     Timeline,
     TraceRecorder,
     chrome_trace,
 )
+from warcore.core import ForwardMode, RecordPoint, reset_plugin_manager
 
 Event = dict[str, Any]
 

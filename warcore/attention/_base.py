@@ -9,7 +9,7 @@ contract is declared (``BackendSpec.follows_contract``), never assumed of a subc
 
 Writing a backend: what each method must do, and when the reference engine calls it, is in the
 method docstrings below. In one forward the runner calls, in stream order on the forward stream:
-``load_batch`` (fills the :class:`~warcore.runners.ForwardBatch`: rows, query lengths,
+``load_batch`` (fills the :class:`~warcore.batch.ForwardBatch`: rows, query lengths,
 positions, ``out_cache_loc`` read from ``req_to_token``, input ids), then
 ``init_forward_metadata_out_graph`` (eagerly, before the replay), then
 ``init_forward_metadata_in_graph`` (captured into the graph, or eagerly), then the model body,
@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, ClassVar
 from warcore.core import SharedReadBoundary
 
 if TYPE_CHECKING:
-    import torch
+    from torch import Tensor
 
+    from warcore.batch import ForwardBatch, KVPool
     from warcore.core import BoundaryContext, ForwardMode
-    from warcore.engine.kv_pool import KVPool
-    from warcore.runners.batch import ForwardBatch
 
 __all__ = ["AttentionBackend"]
 
@@ -64,7 +63,7 @@ class AttentionBackend(ABC):
     name: ClassVar[str]
 
     def __init__(self, pool: KVPool) -> None:
-        """``pool``: the runner's :class:`~warcore.engine.kv_pool.KVPool` (kept as
+        """``pool``: the runner's :class:`~warcore.batch.KVPool` (kept as
         ``self.pool``): the scheduler-shared tables and this model's K/V."""
         self.pool = pool
 
@@ -127,14 +126,7 @@ class AttentionBackend(ABC):
         self.init_forward_metadata_in_graph(batch)
 
     @abstractmethod
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         """Store this layer's new K/V and return attention output ``[bs, max_q, heads, dim]``.
 
         ``q``: ``[bs, max_q, heads, dim]`` (RoPE applied); ``k``/``v``:

@@ -37,9 +37,9 @@ from warcore.core._specs import (
 )
 
 if TYPE_CHECKING:
-    import torch
+    from torch import Tensor
 
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch
 
 __all__ = [
     "CHILD_FLAGS",
@@ -121,12 +121,22 @@ def check_child_flags(flags: Mapping[str, FlagValue], backend: Callable[[str], o
                     paths.append((child, step, (*seen, child)))
 
 
-def _build(names: Sequence[str], wrapper: str, **kwargs: Any) -> list[AttentionBackend]:
+def _build(
+    wrapper: str,
+    names: Sequence[str],
+    pool: Any,
+    max_bs: int,
+    capacity: int,
+    context: BoundaryContext,
+) -> list[AttentionBackend]:
+    """The children ``names`` of ``wrapper``, each built by its registered factory with the
+    wrapper's own constructor arguments."""
     registry = get_registry(get_plugin_manager())
-    check_child_flags(dict(kwargs["context"].flags), registry.backend)
+    check_child_flags(dict(context.flags), registry.backend)
     children = []
     for name in names:
-        child = registry.backend(name).factory(**kwargs)
+        factory = registry.backend(name).factory
+        child = factory(pool=pool, max_bs=max_bs, capacity=capacity, context=context)
         if not isinstance(child, AttentionBackend):
             raise TypeError(f"{wrapper!r}: child {name!r} built {child!r}, not an AttentionBackend")
         children.append(child)
@@ -141,11 +151,9 @@ class HybridBackend(AttentionBackend):
     def __init__(self, pool: Any, max_bs: int, capacity: int, context: BoundaryContext) -> None:
         super().__init__(pool)
         self.context = context
-        kwargs = {"pool": pool, "max_bs": max_bs, "capacity": capacity, "context": context}
-        prefill_name, decode_name = _flag(context, HYBRID_PREFILL), _flag(context, HYBRID_DECODE)
-        self.prefill_backend, self.decode_backend = _build(
-            [prefill_name, decode_name], self.name, **kwargs
-        )
+        names = [_flag(context, HYBRID_PREFILL), _flag(context, HYBRID_DECODE)]
+        children = _build(self.name, names, pool, max_bs, capacity, context)
+        self.prefill_backend, self.decode_backend = children
         self.spec_attn_is_decode = bool(_flag(context, SPEC_ATTN_IS_DECODE))
 
     def select(self, mode: ForwardMode) -> AttentionBackend:
@@ -174,14 +182,7 @@ class HybridBackend(AttentionBackend):
     def refine_prefill_boundary(self, batch: ForwardBatch) -> SharedReadBoundary:
         return self.select(batch.forward_mode).refine_prefill_boundary(batch)
 
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         return self.select(batch.forward_mode).forward(layer, q, k, v, batch)
 
 
@@ -193,10 +194,8 @@ class LayerHybridBackend(AttentionBackend):
     def __init__(self, pool: Any, max_bs: int, capacity: int, context: BoundaryContext) -> None:
         super().__init__(pool)
         self.context = context
-        kwargs = {"pool": pool, "max_bs": max_bs, "capacity": capacity, "context": context}
-        self._children = tuple(
-            _build(layer_hybrid_children(ForwardMode.DECODE, context), self.name, **kwargs)
-        )
+        names = layer_hybrid_children(ForwardMode.DECODE, context)
+        self._children = tuple(_build(self.name, names, pool, max_bs, capacity, context))
 
     def children(self) -> tuple[AttentionBackend, ...]:
         return self._children
@@ -216,12 +215,5 @@ class LayerHybridBackend(AttentionBackend):
         answers = [c.refine_prefill_boundary(batch) for c in self._children]
         return max(answers, key=lambda b: b.value)
 
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         return self._children[layer % len(self._children)].forward(layer, q, k, v, batch)

@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.core import BoundaryContext, ForwardMode
 
 if TYPE_CHECKING:
-    from warcore.engine.kv_pool import KVPool
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch, KVPool
 
 __all__ = ["FlashInferBackend"]
 
@@ -35,7 +35,7 @@ _DTYPES = (torch.float16, torch.bfloat16)
 class _Plan:
     """One cuda-graph-mode decode wrapper (fixed batch size) and its fixed buffers."""
 
-    def __init__(self, flashinfer: Any, workspace: torch.Tensor, bs: int, ctx: int) -> None:
+    def __init__(self, flashinfer: Any, workspace: Tensor, bs: int, ctx: int) -> None:
         dev = workspace.device
         self.indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
         self.indices = torch.zeros(bs * ctx, dtype=torch.int32, device=dev)
@@ -121,14 +121,7 @@ class FlashInferBackend(TorchNativeBackend):
         if batch.forward_mode is not ForwardMode.DECODE:
             super().init_forward_metadata_in_graph(batch)
 
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         if batch.forward_mode is not ForwardMode.DECODE:
             return super().forward(layer, q, k, v, batch)
         pool, bs = self.pool, batch.batch_size
@@ -140,7 +133,7 @@ class FlashInferBackend(TorchNativeBackend):
         k_cache[loc] = k.reshape(-1, *k.shape[2:])
         v_cache[loc] = v.reshape(-1, *v.shape[2:])
         paged = (k_cache.unsqueeze(1), v_cache.unsqueeze(1))  # page size 1, NHD
-        out: torch.Tensor = self._plan(bs, swa).wrapper.run(q.reshape(bs, *q.shape[2:]), paged)
+        out: Tensor = self._plan(bs, swa).wrapper.run(q.reshape(bs, *q.shape[2:]), paged)
         return out.view(bs, 1, *out.shape[1:])
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from warcore.attention._base import AttentionBackend
 from warcore.core import BoundaryContext
 
 if TYPE_CHECKING:
-    from warcore.engine.kv_pool import KVPool
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch, KVPool
 
 __all__ = ["PagedMetadata", "TorchNativeBackend"]
 
@@ -38,9 +38,7 @@ class PagedMetadata:
         self.mask_swa = torch.zeros(capacity * ctx, dtype=torch.bool, device=dev)
         self.key_pos = torch.arange(ctx, device=dev)
 
-    def views(
-        self, bs: int, mq: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def views(self, bs: int, mq: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         ctx, n = self.ctx, bs * mq
         return (
             self.kv_idx[: bs * ctx].view(bs, ctx),
@@ -99,14 +97,7 @@ class TorchNativeBackend(AttentionBackend):
         mask_swa.copy_((key_pos <= pos) & (key_pos > pos - self.window))
 
     # -- compute --------------------------------------------------------------------------
-    def forward(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         kv_idx, kv_idx_swa, out_loc_swa, mask, mask_swa = self.meta.views(
             batch.batch_size, batch.max_q
         )
@@ -121,15 +112,15 @@ class TorchNativeBackend(AttentionBackend):
     @staticmethod
     def attend(
         layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        out_loc: torch.Tensor,
-        kv_idx: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        k_pool: Tensor,
+        v_pool: Tensor,
+        out_loc: Tensor,
+        kv_idx: Tensor,
+        mask: Tensor,
+    ) -> Tensor:
         """Store the new K/V at ``out_loc``, then attend over the slots in ``kv_idx``."""
         kv_heads, dim = k.shape[-2], k.shape[-1]
         k_cache, v_cache = k_pool[layer], v_pool[layer]
@@ -138,9 +129,7 @@ class TorchNativeBackend(AttentionBackend):
         return paged_attention(q, k_cache[kv_idx], v_cache[kv_idx], mask)
 
 
-def paged_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
+def paged_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
     """``q`` [bs, mq, H, D]; ``keys``/``values`` [bs, ctx, KVH, D]; ``mask`` [bs, mq, ctx]."""
     heads, kv_heads = q.shape[2], keys.shape[2]
     group = heads // kv_heads

@@ -9,11 +9,13 @@
 * :mod:`~warcore.audit.tracer`: the read tracer, which says where a forward's last shared read
   really is;
 * :mod:`~warcore.audit.soak`: a long random overlap run, every segment checked against serial
-  tokens and sanitized.
+  tokens and sanitized;
+* :mod:`~warcore.audit.trace_export`: an engine observer that records a run, turns it into a
+  timeline (what the overlap benchmarks measure) and writes it as a Chrome/Perfetto trace.
 
 :mod:`warcore.testing` is the public entry for plugin authors and imports from here.
 
-May import ``warcore.core``, ``device``, ``runners``, ``attention`` and ``engine``; never
-``warcore.cli`` or ``warcore.bench``. This file imports nothing, so that importing
-``warcore.audit.matrix`` stays light (the sanitizer and the tracer import torch).
+May import ``warcore.core``, ``device``, ``batch``, ``attention``, ``runners`` and
+``engine``; never ``warcore.cli`` or ``warcore.bench``. This file imports nothing, so that
+importing ``warcore.audit.matrix`` stays light (the sanitizer and the tracer import torch).
 """

@@ -16,17 +16,11 @@ from dataclasses import dataclass, field
 import torch
 
 from warcore.audit._poison import SharedBufferPoison
+from warcore.batch import ForwardBatch, RowState, StepInput
 from warcore.core import Decision, ForwardMode, RecordPoint
 from warcore.device import Device, Stream
 from warcore.engine.spec import Worker
-from warcore.runners import (
-    ForwardBatch,
-    ForwardProbe,
-    ModelRunner,
-    RowState,
-    StepInput,
-    StepOutput,
-)
+from warcore.runners import ForwardProbe, ModelRunner, StepOutput
 
 __all__ = [
     "Diverged",
@@ -152,7 +146,7 @@ class SanitizerProbe(ForwardProbe):
 
 
 ROW_STATE = ("kv_len", "token", "feature", "drafts")
-"""What a step leaves for the next one (:class:`~warcore.runners.RowState`): compared too, so
+"""What a step leaves for the next one (:class:`~warcore.batch.RowState`): compared too, so
 work after the step's last forward (a drafter, the commit) is audited like a forward."""
 
 

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from warcore.audit.matrix import MatrixRow, _row, build_matrix
@@ -207,28 +207,12 @@ def check_ranks_agree(
         raise RuntimeError(
             "check_ranks_agree needs torch.distributed initialised (init_process_group)"
         )
-    pm = pm if pm is not None else get_plugin_manager()
-    rows = _rows(pm, cells)
-    table = {_key(row): _decision(row) for row in rows}
-    payload = {
-        "rank": dist.get_rank(),
-        "fingerprint": _digest(table),
-        "decisions": table,
-        "provenance": {_key(row): _provenance(row) for row in rows},
-        "plugins": _plugin_list(pm),
-    }
+    payload = _payload(pm if pm is not None else get_plugin_manager(), cells, dist.get_rank())
     world = dist.get_world_size(group)
     ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
     gathered = _exchange(payload, dist.get_rank(), ranks, timeout)
     reference = gathered[0]
-    differing: dict[int, list[str]] = {}
-    for other in gathered[1:]:
-        if other["fingerprint"] == reference["fingerprint"]:
-            continue
-        keys = set(reference["decisions"]) | set(other["decisions"])
-        differing[other["rank"]] = sorted(
-            k for k in keys if reference["decisions"].get(k) != other["decisions"].get(k)
-        )
+    differing = _differing(reference, gathered[1:])
     report = RankReport(
         world_size=world,
         reference_rank=reference["rank"],
@@ -240,23 +224,42 @@ def check_ranks_agree(
         logger.info(
             "warcore: all %d ranks resolved the same read-done decisions (%d cells, %s)",
             world,
-            len(table),
+            len(payload["decisions"]),
             reference["fingerprint"][:12],
         )
         return report
     message = _message(reference, [p for p in gathered if p["rank"] in differing], differing)
-    report = RankReport(
-        report.world_size,
-        report.reference_rank,
-        report.fingerprints,
-        report.plugins,
-        report.differing,
-        message,
-    )
+    report = replace(report, message=message)
     logger.error("%s", message)
     if raise_on_mismatch:
         raise RankDisagreementError(message, report)
     return report
+
+
+def _payload(pm: WarcorePluginManager, cells: Sequence[Cell] | None, rank: int) -> dict[str, Any]:
+    """What this rank posts: its decisions, their fingerprint and provenance, its plugins."""
+    rows = _rows(pm, cells)
+    table = {_key(row): _decision(row) for row in rows}
+    return {
+        "rank": rank,
+        "fingerprint": _digest(table),
+        "decisions": table,
+        "provenance": {_key(row): _provenance(row) for row in rows},
+        "plugins": _plugin_list(pm),
+    }
+
+
+def _differing(reference: dict[str, Any], others: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """Per rank whose fingerprint differs from the reference's: the cells that differ."""
+    differing: dict[int, list[str]] = {}
+    for other in others:
+        if other["fingerprint"] == reference["fingerprint"]:
+            continue
+        keys = set(reference["decisions"]) | set(other["decisions"])
+        differing[other["rank"]] = sorted(
+            k for k in keys if reference["decisions"].get(k) != other["decisions"].get(k)
+        )
+    return differing
 
 
 _ROUNDS: dict[tuple[int, ...], int] = {}

@@ -404,27 +404,39 @@ def sanitize(
     trace = trace_for(requests, seed)
     report = SanitizeReport(backend, algorithm, device, len(trace), config.flags)
     start = time.perf_counter()
-    clean = _run(config, pm, device, trace, plan=None, legacy=sglang_fallback)
+    _clean_then_poisoned(report, config, pm, device, trace, legacy=sglang_fallback)
+    report.elapsed_s = time.perf_counter() - start
+    return report
+
+
+def _clean_then_poisoned(
+    report: SanitizeReport,
+    config: EngineConfig,
+    pm: WarcorePluginManager,
+    device: str,
+    trace: list[Request],
+    *,
+    legacy: bool,
+) -> None:
+    """The clean run, which says where each forward records; then the poisoned run, poisoned
+    at those points, compared with it step by step (into ``report``)."""
+    clean = _run(config, pm, device, trace, plan=None, legacy=legacy)
     report.run_s["clean"] = clean.run_s
     plan = barrier_sources(clean.records)
     mark_poisoned(clean.records, plan)
     _summarise(report, clean.records)
     if clean.stopped is not None:
         report.error = f"the clean run failed: {clean.stopped}"
-    else:
-        poisoned = _run(
-            config, pm, device, trace, plan=plan, legacy=sglang_fallback, expected=clean
+        return
+    poisoned = _run(config, pm, device, trace, plan=plan, legacy=legacy, expected=clean)
+    report.run_s["poisoned"] = poisoned.run_s
+    mark_poisoned(poisoned.records, plan)
+    if poisoned.stopped is not None:
+        report.error = (
+            f"the poisoned run failed (poison must never crash a forward): {poisoned.stopped}"
         )
-        report.run_s["poisoned"] = poisoned.run_s
-        mark_poisoned(poisoned.records, plan)
-        if poisoned.stopped is not None:
-            report.error = (
-                f"the poisoned run failed (poison must never crash a forward): {poisoned.stopped}"
-            )
-        else:
-            _compare(report, clean, poisoned)
-    report.elapsed_s = time.perf_counter() - start
-    return report
+        return
+    _compare(report, clean, poisoned)
 
 
 @dataclass

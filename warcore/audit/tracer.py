@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from warcore.attention import AttentionBackend
 from warcore.attention._reads import listening_for_shared_reads
 from warcore.audit.sanitizer import Violation, engine_config, trace_for
+from warcore.batch import ForwardBatch, StepInput
 from warcore.core import (
     Decision,
     ForwardMode,
@@ -47,7 +48,7 @@ from warcore.core import (
     get_plugin_manager,
 )
 from warcore.core._specs import FlagValue
-from warcore.runners import ForwardBatch, ForwardProbe, ModelRunner, StepInput
+from warcore.runners import ForwardProbe, ModelRunner
 from warcore.runners._probe import Work
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ them as tables; ``warcore bench`` (:mod:`warcore.cli.bench`) parses, prints and 
 * :mod:`~warcore.bench.plot`: the sweep as a picture (matplotlib, the ``plot`` extra);
 * the result files' helpers below (machine, command line, JSON path), shared by all.
 
-May import ``warcore.core``, ``device``, ``attention``, ``runners``, ``engine`` and ``audit``;
-never ``warcore.cli``. Heavy imports (torch, the engine, the sanitizer) stay inside the
-functions that measure.
+May import ``warcore.core``, ``device``, ``batch``, ``attention``, ``runners``, ``engine``
+and ``audit``; never ``warcore.cli``. Heavy imports (torch, the engine, the sanitizer) stay
+inside the functions that measure.
 """
 
 from warcore.bench._common import (

@@ -3,7 +3,7 @@
 Both run the same seeded request trace through the reference engine with the serial loop, the
 coarse fence, the fine fence and no fence (unsafe: the upper bound of overlap), and read the
 forward stream's timeline from the device's work-item spans (see
-:mod:`warcore.engine.trace_export`).
+:mod:`warcore.audit.trace_export`).
 
 The model, stated in every result, because the tiny CPU forward is not a GPU's:
 
@@ -26,7 +26,7 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from warcore.bench._common import format_table, machine_info, summarise
 
@@ -131,8 +131,8 @@ def run_variant(
     oracle: dict[int, list[int]] | None = None,
 ) -> tuple[RunSample, dict[int, list[int]]]:
     """Run ``trace`` once with ``variant`` on a fresh engine; the sample and the outputs."""
+    from warcore.audit.trace_export import SCHEDULE_STREAM, Timeline, TraceRecorder
     from warcore.engine import Engine
-    from warcore.engine.trace_export import SCHEDULE_STREAM, Timeline, TraceRecorder
 
     cfg = replace(
         base,
@@ -255,46 +255,45 @@ def _stat(samples: Sequence[RunSample], field: str) -> dict[str, float] | None:
 # -- overlap ---------------------------------------------------------------------------------
 
 
-def measure_overlap(settings: Settings) -> dict[str, Any]:
+class _Start(NamedTuple):
+    """What both benchmarks start from."""
+
+    say: Callable[[str], None]
+    trace: list[Request]
+    base: EngineConfig
+    forward_s: float
+    """The forward's time F (:func:`calibrate`)."""
+    how: str
+    """How F was measured."""
+
+
+def _start(settings: Settings, name: str) -> _Start:
+    """The progress line, the trace, the base configuration, and F calibrated on them."""
     from warcore.engine import synthetic_trace
 
     say = _progress(sys.stderr.isatty() and not settings.quiet)
     trace = synthetic_trace(settings.requests, seed=settings.seed)
     base = _base_config(settings)
-    say("overlap: calibrating the forward time")
+    say(f"{name}: calibrating the forward time")
     forward_s, how = calibrate(base, trace, settings.device)
+    return _Start(say, trace, base, forward_s, how)
+
+
+def measure_overlap(settings: Settings) -> dict[str, Any]:
+    say, trace, base, forward_s, how = _start(settings, "overlap")
     base = replace(base, schedule_work_s=settings.sched_frac * forward_s)
-    variants = OVERLAP_VARIANTS
     say("overlap: oracle and warm-up round")
     _, oracle = run_variant(base, SERIAL, trace, settings.device)
-    for v in variants:
+    for v in OVERLAP_VARIANTS:
         run_variant(base, v, trace, settings.device)
     rounds: list[dict[str, RunSample]] = []
     for r in range(settings.repeat):
         rnd: dict[str, RunSample] = {}
-        for v in _rotated(variants, r):
+        for v in _rotated(OVERLAP_VARIANTS, r):
             say(f"overlap: round {r + 1}/{settings.repeat}: {v.name}")
             rnd[v.name], _ = run_variant(base, v, trace, settings.device, oracle)
         rounds.append(rnd)
     say("")
-    results = {}
-    for v in variants:
-        samples = [rnd[v.name] for rnd in rounds]
-        results[v.name] = {
-            "fence": v.fence,
-            "loop": v.loop,
-            "backend": v.backend or base.backend,
-            "tokens_per_s": _stat(samples, "tokens_per_s"),
-            "tokens_per_s_ratio_to_fine": _ratios(rounds, v.name, FINE.name, "tokens_per_s"),
-            "idle_ms_per_gap": _stat(samples, "idle_ms"),
-            "idle_ratio_to_fine": _ratios(rounds, v.name, FINE.name, "idle_ms"),
-            "step_ms": _stat(samples, "step_ms"),
-            "forward_ms": _stat(samples, "forward_ms"),
-            "barriers": samples[-1].barriers,
-            "published": samples[-1].published,
-            "runs_differing_from_serial": sum(1 for s in samples if s.matches_oracle is False),
-            "runs": [s.as_dict() for s in samples],
-        }
     return {
         "model": _model_info(base, settings, trace)
         | {
@@ -303,19 +302,38 @@ def measure_overlap(settings: Settings) -> dict[str, Any]:
             "schedule_work_fraction": settings.sched_frac,
             "schedule_work_s": base.schedule_work_s,
         },
-        "variants": results,
+        "variants": {v.name: _overlap_variant(v, base, rounds) for v in OVERLAP_VARIANTS},
         "checks": {
-            "fine_over_unsafe_tokens_per_s": _ratios(
-                rounds, FINE.name, UNSAFE.name, "tokens_per_s"
-            ),
-            "fine_over_coarse_tokens_per_s": _ratios(
-                rounds, FINE.name, COARSE.name, "tokens_per_s"
-            ),
-            "fine_over_fine_again_tokens_per_s": _ratios(
-                rounds, FINE.name, FINE_AGAIN.name, "tokens_per_s"
-            ),
+            f"fine_over_{key}_tokens_per_s": _ratios(rounds, FINE.name, other, "tokens_per_s")
+            for key, other in (
+                ("unsafe", UNSAFE.name),
+                ("coarse", COARSE.name),
+                ("fine_again", FINE_AGAIN.name),
+            )
         },
         "machine": machine_info(settings.device),
+    }
+
+
+def _overlap_variant(
+    v: Variant, base: EngineConfig, rounds: list[dict[str, RunSample]]
+) -> dict[str, Any]:
+    """One variant's samples over the rounds, and its ratios to the fine fence."""
+    samples = [rnd[v.name] for rnd in rounds]
+    return {
+        "fence": v.fence,
+        "loop": v.loop,
+        "backend": v.backend or base.backend,
+        "tokens_per_s": _stat(samples, "tokens_per_s"),
+        "tokens_per_s_ratio_to_fine": _ratios(rounds, v.name, FINE.name, "tokens_per_s"),
+        "idle_ms_per_gap": _stat(samples, "idle_ms"),
+        "idle_ratio_to_fine": _ratios(rounds, v.name, FINE.name, "idle_ms"),
+        "step_ms": _stat(samples, "step_ms"),
+        "forward_ms": _stat(samples, "forward_ms"),
+        "barriers": samples[-1].barriers,
+        "published": samples[-1].published,
+        "runs_differing_from_serial": sum(1 for s in samples if s.matches_oracle is False),
+        "runs": [s.as_dict() for s in samples],
     }
 
 
@@ -378,13 +396,7 @@ def overlap_table(result: dict[str, Any]) -> str:
 
 
 def measure_sweep(settings: Settings) -> dict[str, Any]:
-    from warcore.engine import synthetic_trace
-
-    say = _progress(sys.stderr.isatty() and not settings.quiet)
-    trace = synthetic_trace(settings.requests, seed=settings.seed)
-    base = _base_config(settings)
-    say("sweep: calibrating the forward time")
-    forward_s, how = calibrate(base, trace, settings.device)
+    say, trace, base, forward_s, how = _start(settings, "sweep")
     fractions = settings.fractions
     say("sweep: warm-up")
     for v in SWEEP_FENCES:
@@ -402,55 +414,57 @@ def measure_sweep(settings: Settings) -> dict[str, Any]:
                 rnd[v.name], _ = run_variant(cfg, v, trace, settings.device)
             samples[i].append(rnd)
     say("")
-    points = []
-    for i, frac in enumerate(fractions):
-        rounds = samples[i]
-        flat = [s for rnd in rounds for s in rnd.values()]
-        ideal = _stat(flat, "ideal_ms")
-        point: dict[str, Any] = {
-            "fraction": frac,
-            "schedule_work_ms": forward_s * frac * 1e3,
-            "ideal_step_ms": ideal,
-            "fences": {},
-            "fine_over_coarse_tokens_per_s": _ratios(
-                rounds, FINE.name, COARSE.name, "tokens_per_s"
-            ),
-            "fine_over_unsafe_tokens_per_s": _ratios(
-                rounds, FINE.name, UNSAFE.name, "tokens_per_s"
-            ),
-            "fine_over_coarse_step_ms": _ratios(rounds, FINE.name, COARSE.name, "step_ms"),
-        }
-        for v in SWEEP_FENCES:
-            runs = [rnd[v.name] for rnd in rounds]
-            point["fences"][v.name] = {
-                "fence": v.fence,
-                "step_ms": _stat(runs, "step_ms"),
-                "tokens_per_s": _stat(runs, "tokens_per_s"),
-                "idle_ms_per_gap": _stat(runs, "idle_ms"),
-                "runs": [s.as_dict() for s in runs],
-            }
-        points.append(point)
-    ahead = [
-        p["fine_over_coarse_tokens_per_s"]["median"] > 1.0
-        for p in points
-        if p["fraction"] >= 0.2 and p["fine_over_coarse_tokens_per_s"]
+    points = [
+        _sweep_point(frac, forward_s, rounds)
+        for frac, rounds in zip(fractions, samples, strict=True)
     ]
     return {
         "model": _model_info(base, settings, trace)
         | {"forward_s": forward_s, "forward_s_measured_as": how},
         "points": points,
-        "checks": {
-            "fine_ahead_of_coarse_from_20_percent": all(ahead) if ahead else None,
-            "fine_over_unsafe_tokens_per_s_min_median": min(
-                (
-                    p["fine_over_unsafe_tokens_per_s"]["median"]
-                    for p in points
-                    if p["fine_over_unsafe_tokens_per_s"]
-                ),
-                default=None,
-            ),
-        },
+        "checks": _sweep_checks(points),
         "machine": machine_info(settings.device),
+    }
+
+
+def _sweep_point(
+    frac: float, forward_s: float, rounds: list[dict[str, RunSample]]
+) -> dict[str, Any]:
+    """One amount of scheduler work: each fence's samples over the rounds, and the ratios."""
+    flat = [s for rnd in rounds for s in rnd.values()]
+    fences = {}
+    for v in SWEEP_FENCES:
+        runs = [rnd[v.name] for rnd in rounds]
+        fences[v.name] = {
+            "fence": v.fence,
+            "step_ms": _stat(runs, "step_ms"),
+            "tokens_per_s": _stat(runs, "tokens_per_s"),
+            "idle_ms_per_gap": _stat(runs, "idle_ms"),
+            "runs": [s.as_dict() for s in runs],
+        }
+    return {
+        "fraction": frac,
+        "schedule_work_ms": forward_s * frac * 1e3,
+        "ideal_step_ms": _stat(flat, "ideal_ms"),
+        "fences": fences,
+        "fine_over_coarse_tokens_per_s": _ratios(rounds, FINE.name, COARSE.name, "tokens_per_s"),
+        "fine_over_unsafe_tokens_per_s": _ratios(rounds, FINE.name, UNSAFE.name, "tokens_per_s"),
+        "fine_over_coarse_step_ms": _ratios(rounds, FINE.name, COARSE.name, "step_ms"),
+    }
+
+
+def _sweep_checks(points: list[dict[str, Any]]) -> dict[str, Any]:
+    ahead = [
+        p["fine_over_coarse_tokens_per_s"]["median"] > 1.0
+        for p in points
+        if p["fraction"] >= 0.2 and p["fine_over_coarse_tokens_per_s"]
+    ]
+    unsafe = [p["fine_over_unsafe_tokens_per_s"] for p in points]
+    return {
+        "fine_ahead_of_coarse_from_20_percent": all(ahead) if ahead else None,
+        "fine_over_unsafe_tokens_per_s_min_median": min(
+            (r["median"] for r in unsafe if r), default=None
+        ),
     }
 
 

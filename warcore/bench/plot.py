@@ -53,7 +53,25 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> Path:
     model = result["model"]
     x = [100 * p["fraction"] for p in points]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    _plot_step_times(ax, points, x)
+    _plot_ratios(ax2, points, x)
+    layer = model["modelled_layer_s"] * 1e3
+    fig.suptitle(
+        f"warcore bench sweep: {model['device']} device, backend {model['backend']}, "
+        f"{model['requests']} requests, {model['layers']} layers x {layer:g} ms modelled, "
+        f"F = {model['forward_s'] * 1e3:.1f} ms, {model['repeat']} rounds",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
+
+def _plot_step_times(ax: Any, points: list[dict[str, Any]], x: list[float]) -> None:
+    """Left: each fence's step time (median, min-max) and the ideal, against the work."""
     ideal = [p["ideal_step_ms"]["median"] if p["ideal_step_ms"] else None for p in points]
     if all(v is not None for v in ideal):
         ax.plot(x, ideal, "k--", lw=1.2, label="ideal max(forward, scheduler work)")
@@ -75,6 +93,9 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8.5)
 
+
+def _plot_ratios(ax: Any, points: list[dict[str, Any]], x: list[float]) -> None:
+    """Right: fine's tokens/s over unsafe's and over coarse's, within a round."""
     for key, name, style in (
         ("fine_over_unsafe_tokens_per_s", "fine / unsafe", _STYLE["unsafe"]),
         ("fine_over_coarse_tokens_per_s", "fine / coarse", _STYLE["coarse"]),
@@ -83,7 +104,7 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> Path:
         med = [r["median"] for r in ratios]
         low = [r["median"] - r["min"] for r in ratios]
         high = [r["max"] - r["median"] for r in ratios]
-        ax2.errorbar(
+        ax.errorbar(
             x,
             med,
             yerr=[low, high],
@@ -94,25 +115,11 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> Path:
             marker=style["marker"],
             label=f"{name} tokens/s",
         )
-    ax2.axhline(1.0, color="k", lw=0.8)
-    ax2.axhline(0.97, color="#7f7f7f", lw=0.8, ls=":", label="0.97 (target: fine vs unsafe)")
-    ax2.axvspan(20, max(x + [20]), color="#1f77b4", alpha=0.05, lw=0)
-    ax2.set_xlabel("scheduler work (% of F); shaded: >= 20%")
-    ax2.set_ylabel("tokens/s ratio within a round (median, min-max)")
-    ax2.set_title("Fine fence vs the unsafe bound and the coarse fence")
-    ax2.grid(alpha=0.3)
-    ax2.legend(loc="upper left", fontsize=8.5)
-
-    layer = model["modelled_layer_s"] * 1e3
-    fig.suptitle(
-        f"warcore bench sweep: {model['device']} device, backend {model['backend']}, "
-        f"{model['requests']} requests, {model['layers']} layers x {layer:g} ms modelled, "
-        f"F = {model['forward_s'] * 1e3:.1f} ms, {model['repeat']} rounds",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(0.97, color="#7f7f7f", lw=0.8, ls=":", label="0.97 (target: fine vs unsafe)")
+    ax.axvspan(20, max(x + [20]), color="#1f77b4", alpha=0.05, lw=0)
+    ax.set_xlabel("scheduler work (% of F); shaded: >= 20%")
+    ax.set_ylabel("tokens/s ratio within a round (median, min-max)")
+    ax.set_title("Fine fence vs the unsafe bound and the coarse fence")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8.5)

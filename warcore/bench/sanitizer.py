@@ -69,52 +69,7 @@ def measure(
         (b, a) for b, a in combinations if b in registry.backends and a in registry.algorithms
     ]
     skipped = [f"{b}/{a}" for b, a in combinations if (b, a) not in combos]
-    tasks = [(b, a, kind) for b, a in combos for kind in ("plain", "sanitize")]
-    for b, a, kind in tasks:  # warm-up round, discarded
-        _plain_run(b, a, requests, seed) if kind == "plain" else _sanitized(b, a, requests, seed)
-    samples: dict[tuple[str, str], dict[str, list[Any]]] = {
-        c: {"plain": [], "sanitize": []} for c in combos
-    }
-    for r in range(repeat):
-        k = r % len(tasks)
-        for b, a, kind in tasks[k:] + tasks[:k]:
-            if kind == "plain":
-                samples[(b, a)]["plain"].append(_plain_run(b, a, requests, seed))
-            else:
-                samples[(b, a)]["sanitize"].append(_sanitized(b, a, requests, seed))
-    rows = []
-    for (b, a), s in samples.items():
-        plain_ms = [sec / n * 1e3 for sec, n in s["plain"] if n]
-        san = s["sanitize"]
-        per_forward = {
-            key: [
-                x[f"{key}_s"] / x["forwards"] * 1e3 for x in san if x[f"{key}_s"] and x["forwards"]
-            ]
-            for key in ("clean", "poisoned", "elapsed")
-        }
-        ratios = {
-            key: [
-                x[f"{key}_s"] / x["forwards"] * 1e3 / (sec / n * 1e3)
-                for x, (sec, n) in zip(san, s["plain"], strict=True)
-                if x[f"{key}_s"] and x["forwards"] and n
-            ]
-            for key in ("clean", "poisoned")
-        }
-        rows.append(
-            {
-                "backend": b,
-                "algorithm": a,
-                "verdict": san[-1]["verdict"],
-                "forwards": san[-1]["forwards"],
-                "checked": san[-1]["checked"],
-                "plain_ms_per_forward": summarise(plain_ms),
-                "clean_ms_per_forward": summarise(per_forward["clean"]),
-                "poisoned_ms_per_forward": summarise(per_forward["poisoned"]),
-                "sanitize_total_ms_per_forward": summarise(per_forward["elapsed"]),
-                "clean_ratio_to_plain": summarise(ratios["clean"]),
-                "poisoned_ratio_to_plain": summarise(ratios["poisoned"]),
-            }
-        )
+    samples = _rounds(combos, requests, repeat, seed)
     return {
         "model": {
             "device": "sim",
@@ -123,9 +78,62 @@ def measure(
             "seed": seed,
             "repeat": repeat,
         },
-        "combinations": rows,
+        "combinations": [_row(b, a, s) for (b, a), s in samples.items()],
         "skipped": skipped,
         "machine": machine_info("sim"),
+    }
+
+
+Samples = dict[str, list[Any]]
+"""One combination's samples: ``plain`` (seconds, forwards) and ``sanitize`` (dicts) runs."""
+
+
+def _rounds(
+    combos: list[tuple[str, str]], requests: int, repeat: int, seed: int
+) -> dict[tuple[str, str], Samples]:
+    """A discarded warm-up round, then ``repeat`` rounds, each in an order rotated by one."""
+    tasks = [(b, a, kind) for b, a in combos for kind in ("plain", "sanitize")]
+    for b, a, kind in tasks:  # warm-up round, discarded
+        _plain_run(b, a, requests, seed) if kind == "plain" else _sanitized(b, a, requests, seed)
+    samples: dict[tuple[str, str], Samples] = {c: {"plain": [], "sanitize": []} for c in combos}
+    for r in range(repeat):
+        k = r % len(tasks)
+        for b, a, kind in tasks[k:] + tasks[:k]:
+            if kind == "plain":
+                samples[(b, a)]["plain"].append(_plain_run(b, a, requests, seed))
+            else:
+                samples[(b, a)]["sanitize"].append(_sanitized(b, a, requests, seed))
+    return samples
+
+
+def _row(backend: str, algorithm: str, s: Samples) -> dict[str, Any]:
+    """One combination's result: milliseconds per forward, and ratios to the plain run."""
+    plain_ms = [sec / n * 1e3 for sec, n in s["plain"] if n]
+    san = s["sanitize"]
+    per_forward = {
+        key: [x[f"{key}_s"] / x["forwards"] * 1e3 for x in san if x[f"{key}_s"] and x["forwards"]]
+        for key in ("clean", "poisoned", "elapsed")
+    }
+    ratios = {
+        key: [
+            x[f"{key}_s"] / x["forwards"] * 1e3 / (sec / n * 1e3)
+            for x, (sec, n) in zip(san, s["plain"], strict=True)
+            if x[f"{key}_s"] and x["forwards"] and n
+        ]
+        for key in ("clean", "poisoned")
+    }
+    return {
+        "backend": backend,
+        "algorithm": algorithm,
+        "verdict": san[-1]["verdict"],
+        "forwards": san[-1]["forwards"],
+        "checked": san[-1]["checked"],
+        "plain_ms_per_forward": summarise(plain_ms),
+        "clean_ms_per_forward": summarise(per_forward["clean"]),
+        "poisoned_ms_per_forward": summarise(per_forward["poisoned"]),
+        "sanitize_total_ms_per_forward": summarise(per_forward["elapsed"]),
+        "clean_ratio_to_plain": summarise(ratios["clean"]),
+        "poisoned_ratio_to_plain": summarise(ratios["poisoned"]),
     }
 
 

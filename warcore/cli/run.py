@@ -21,9 +21,9 @@ from warcore.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from warcore.audit.trace_export import TraceRecorder
     from warcore.core._specs import FlagValue
     from warcore.engine import EngineConfig, RunReport
-    from warcore.engine.trace_export import TraceRecorder
 
 __all__ = ["NUM_DRAFT", "RUN", "format_report"]
 
@@ -38,6 +38,7 @@ NUM_DRAFT = Limit(
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
+    """What runs: device, backend, algorithm, fence, loop, the trace, the model."""
     parser.add_argument("--device", default=None, help="sim or cuda (default: cuda if present)")
     parser.add_argument("--backend", default="torch_native", help="attention backend name")
     parser.add_argument("--algorithm", default="none", help="speculative algorithm name")
@@ -67,6 +68,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="model dtype: float64 (default; keeps speculative decoding bit-exact), float32, "
         "float16, bfloat16 (flashinfer needs a 16-bit one)",
     )
+    _configure_run(parser)
+
+
+def _configure_run(parser: argparse.ArgumentParser) -> None:
+    """The options after the engine's (in ``--help``'s order): checks, flags, modelled
+    device time, the trace file and the progress bar."""
     parser.add_argument(
         "--no-verify", action="store_true", help="skip the serial-loop comparison of tokens"
     )
@@ -179,7 +186,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     recorder, trace_note = None, None
     if args.trace:
-        from warcore.engine.trace_export import TraceRecorder
+        from warcore.audit.trace_export import TraceRecorder
 
         recorder = TraceRecorder()
     with Engine(config, device=args.device) as engine:
@@ -200,7 +207,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
 
 
 def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
-    from warcore.engine.trace_export import write_chrome_trace
+    from warcore.audit.trace_export import write_chrome_trace
 
     cfg = report.config
     meta = {

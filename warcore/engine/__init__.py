@@ -1,20 +1,13 @@
-"""The reference overlap engine: tiny model, KV pool, scheduler, overlap loop; its observers
-(:mod:`~warcore.engine.observe`) and the Perfetto trace export
-(:mod:`~warcore.engine.trace_export`), imported on use."""
+"""The reference overlap engine: tiny model, scheduler, overlap loop, and the observer hook
+(:mod:`~warcore.engine.observe`) that audit tools such as the Perfetto trace export
+(:mod:`~warcore.audit.trace_export`) implement."""
 
+from warcore.engine.config import FENCES, LOOPS, EngineConfig
 from warcore.engine.drafter import DrafterError
-from warcore.engine.engine import (
-    FENCES,
-    LOOPS,
-    Engine,
-    EngineConfig,
-    EngineFailed,
-    RunReport,
-    compare_with_serial,
-)
-from warcore.engine.kv_pool import KVPool
+from warcore.engine.engine import Engine, EngineFailed
 from warcore.engine.model import ModelConfig, TinyLlama
 from warcore.engine.observe import EngineObserver
+from warcore.engine.report import RunReport, compare_with_serial
 from warcore.engine.requests import MAX_TRACE_REQUESTS, Request, synthetic_trace
 from warcore.engine.scheduler import Scheduler, SchedulerConfig
 
@@ -27,7 +20,6 @@ __all__ = [
     "EngineConfig",
     "EngineFailed",
     "EngineObserver",
-    "KVPool",
     "ModelConfig",
     "Request",
     "RunReport",

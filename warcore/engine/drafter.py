@@ -44,7 +44,7 @@ runs, so the scheduler may already be rewriting them (``warcore sanitize`` repor
 as ``later-work``).
 
 **What it may read.** ``batch.rows`` and ``batch.row_ids`` (the rows, on the device and the
-host), ``batch.request_ids``, ``batch.state`` (:class:`~warcore.runners.RowState`: ``kv_len``,
+host), ``batch.request_ids``, ``batch.state`` (:class:`~warcore.batch.RowState`: ``kv_len``,
 the next input ``token`` and the target hidden state ``feature`` that predicted it), and each
 row's committed tokens: on the device ``batch.history[row, : kv_len[row] + 1]`` (prompt,
 accepted output, and last the next input token); on the host ``batch.committed`` (the same, as
@@ -70,8 +70,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from warcore.batch import RowState
 from warcore.core import ForwardMode
-from warcore.runners import RowState, StepOutput
+from warcore.runners import StepOutput
 
 __all__ = [
     "DraftInput",

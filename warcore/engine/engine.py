@@ -17,14 +17,13 @@ batches, so its tokens are the oracle for the overlap loop.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import replace
 
 from warcore.attention import AttentionBackend
+from warcore.batch import KVPool, RowState
 from warcore.core import (
     NUM_DRAFT,
     AlgorithmSpec,
@@ -40,172 +39,24 @@ from warcore.core import (
     step_of,
 )
 from warcore.device import Device, DeviceError, get_device
+from warcore.engine.config import EngineConfig
 from warcore.engine.drafter import DrafterError, as_drafter
-from warcore.engine.kv_pool import KVPool
-from warcore.engine.model import ModelConfig, TinyLlama
+from warcore.engine.model import TinyLlama
 from warcore.engine.observe import EngineObserver
+from warcore.engine.report import RunReport
 from warcore.engine.requests import Request
-from warcore.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
+from warcore.engine.scheduler import Scheduled, Scheduler
 from warcore.engine.spec import StepWorker, Worker, build_drafter
-from warcore.runners import ModelRunner, RowState, RunnerGroup, StepOutput
+from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
-__all__ = [
-    "FENCES",
-    "LOOPS",
-    "MAX_MODELLED_S",
-    "Engine",
-    "EngineConfig",
-    "EngineFailed",
-    "RunReport",
-    "compare_with_serial",
-]
+__all__ = ["Engine", "EngineFailed"]
 
-Fence = Literal["fine", "coarse", "none"]
-Loop = Literal["overlap", "serial"]
-FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
-LOOPS: tuple[Loop, ...] = ("overlap", "serial")
-
-
-MAX_MODELLED_S = 1.0
-"""The most modelled device time :class:`EngineConfig` takes per layer (``modelled_layer_s``)
-or per step (``schedule_work_s``): a second. More is a typo (``--layer-ms 1e308`` once failed
-mid-run with an overflow in the sim device's clock)."""
+Launched = tuple[Scheduled, StepOutput]
+"""A launched step: the scheduler's batch, and the output its forwards will leave."""
 
 
 class EngineFailed(RuntimeError):
     """The engine was asked to run after a device fault stopped it."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    backend: str = "torch_native"
-    algorithm: str = "none"
-    fence: Fence = "fine"
-    loop: Loop = "overlap"
-    use_graphs: bool = True
-    plant_node: bool = True
-    num_draft: int = 4
-    """Draft tokens per verify (the dflash block size, the EAGLE draft steps)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    num_slots: int = 4096
-    max_prompt: int = 64
-    schedule_work_s: float = 0.0
-    """Extra scheduler device work per step (a modelled host-to-device copy), for benchmarks."""
-    modelled_layer_s: float = 0.0
-    """Extra device time per model layer that uses no CPU (sim only): makes the tiny CPU
-    forward behave like a GPU's, whose kernels do not compete with the host for the CPU and
-    the GIL. Benchmarks state the value they use; 0 for tests."""
-    flags: tuple[tuple[str, bool | int | str], ...] = ()
-    """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
-    what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
-    :class:`Engine` raises :class:`ValueError` naming anything else."""
-
-    def __post_init__(self) -> None:
-        if self.fence not in FENCES:
-            raise ValueError(f"unknown fence {self.fence!r}; valid: {', '.join(FENCES)}")
-        if self.loop not in LOOPS:
-            raise ValueError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
-        if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
-            raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
-        if self.num_draft < 1:
-            raise ValueError(f"num_draft must be at least 1, got {self.num_draft}")
-        if self.num_draft > self.max_num_draft:
-            raise ValueError(
-                f"num_draft {self.num_draft} is more than this engine can run: at most "
-                f"{self.max_num_draft} ({self._num_draft_limit()})"
-            )
-        for name in ("schedule_work_s", "modelled_layer_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-            if value > MAX_MODELLED_S:
-                raise ValueError(
-                    f"{name} must be at most {MAX_MODELLED_S:g} s (modelled device time per "
-                    f"layer or step), got {value!r}"
-                )
-        if not isinstance(self.flags, tuple):
-            raise ValueError(f"flags must be a tuple of (name, value) pairs, got {self.flags!r}")
-
-    @property
-    def token_capacity(self) -> int:
-        """Tokens one batch may hold: the static buffers every runner (graph or eager) has."""
-        sc = self.scheduler
-        return max(
-            sc.max_prefill_tokens, sc.max_prefill_requests * self.max_prompt, sc.max_running * 8
-        )
-
-    @property
-    def max_num_draft(self) -> int:
-        """The widest speculation this configuration can run (31 by default): a verify batch of
-        ``scheduler.max_running`` requests x ``num_draft + 1`` tokens must fit
-        :attr:`token_capacity`, and a one-token request's KV budget (``1 + 2 * num_draft``
-        positions, see :meth:`Request.kv_budget`) the model's context and the KV pool."""
-        by_batch = self.token_capacity // max(1, self.scheduler.max_running) - 1
-        by_context = (min(self.model.max_context, self.num_slots - 1) - 1) // 2
-        return min(by_batch, by_context)
-
-    def _num_draft_limit(self) -> str:
-        sc = self.scheduler
-        by_batch = self.token_capacity // max(1, sc.max_running) - 1
-        if by_batch <= self.max_num_draft:
-            return (
-                f"a verify batch of {sc.max_running} requests x (num_draft + 1) tokens must fit "
-                f"the engine's {self.token_capacity}-token batch"
-            )
-        return (
-            f"a request reserves 2 x num_draft KV positions beyond its tokens, within a context "
-            f"of {min(self.model.max_context, self.num_slots - 1)}"
-        )
-
-
-@dataclass
-class RunReport:
-    config: EngineConfig
-    device: str
-    requests: int
-    tokens: int
-    elapsed_s: float
-    steps: int
-    forwards: Counter[ForwardMode]
-    """Launched steps by the step's target forward mode (one per step, however many forwards
-    the algorithm's step runs: EAGLE's draft steps and draft-extend are not counted apart)."""
-    published: Counter[tuple[ForwardMode, RecordPoint]]
-    """Per (forward mode, record point): forwards of every runner (target and draft)."""
-    barriers: Counter[str]
-    outputs: dict[int, list[int]]
-    errors: dict[int, str]
-    rows_reused: int = 0
-    verifies: int = 0
-    """Request-verifies: one per request per target verify."""
-    accepted_drafts: int = 0
-    stopped: str | None = None
-    """The device fault that stopped the run, if one did."""
-    drafter_problems: list[str] = field(default_factory=list)
-    """How the algorithm's drafter broke its contract in this run (invalid drafts replaced, a
-    method that raised), one line each naming the algorithm and its plugin. The tokens are
-    still correct: a wrong draft costs acceptance only."""
-    matches_serial: bool | None = None
-    """Whether the tokens equal those of the serial loop; ``None``: not compared (not asked,
-    or requests failed in either run: see :func:`compare_with_serial`)."""
-    serial_errors: int = 0
-    """Requests that failed in the serial run this one was compared with."""
-
-    @property
-    def idle_steps(self) -> int:
-        """Steps that launched nothing: waiting for the next request to arrive, or only
-        collecting the forward still in flight. ``steps`` is the scheduler's step clock (it
-        also times arrivals), so ``idle_steps + sum(forwards.values()) == steps``."""
-        return self.steps - sum(self.forwards.values())
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Mean draft tokens accepted per verify (the bonus token not counted)."""
-        return self.accepted_drafts / self.verifies if self.verifies else 0.0
 
 
 class Engine:
@@ -477,16 +328,7 @@ class Engine:
                 "sticky, as on a GPU: build a new Engine"
             )
         reqs = [r.fresh() for r in requests]
-        cfg = self.config
-        max_kv = min(self.pool.max_context, self.pool.num_slots - 1)
-        for req in reqs:
-            req.error = req.problem(
-                vocab_size=cfg.model.vocab_size,
-                max_prompt=cfg.max_prompt,
-                max_kv=max_kv,
-                num_draft=self.num_draft,
-            )
-        servable = [r for r in reqs if r.error is None]
+        servable = self._servable(reqs)
         sched = Scheduler(
             servable,
             self.pool,
@@ -501,29 +343,59 @@ class Engine:
         self.barriers.clear()
         stats = _Collected(sum(r.max_new_tokens for r in servable), progress)
         start = time.perf_counter()
-        stopped = None
-        self.step_worker.release_all()  # rows a stopped earlier run left admitted
-        self.step_worker.reset_problems()
+        stopped, drafter_problems = self._serve(sched, stats, obs, reqs)
+        elapsed = time.perf_counter() - start
+        stats.report_progress()
+        return self._report(reqs, sched, stats, elapsed, stopped, drafter_problems)
+
+    def _servable(self, reqs: list[Request]) -> list[Request]:
+        """The requests this engine can serve; each other one gets ``error`` saying why."""
+        cfg = self.config
+        max_kv = min(self.pool.max_context, self.pool.num_slots - 1)
+        for req in reqs:
+            req.error = req.problem(
+                vocab_size=cfg.model.vocab_size,
+                max_prompt=cfg.max_prompt,
+                max_kv=max_kv,
+                num_draft=self.num_draft,
+            )
+        return [r for r in reqs if r.error is None]
+
+    def _serve(
+        self, sched: Scheduler, stats: _Collected, obs: EngineObserver, reqs: list[Request]
+    ) -> tuple[str | None, list[str]]:
+        """Run the loop to its end: the device fault that stopped it (``None``: none), and how
+        the algorithm's drafter broke its contract (each problem also logged once)."""
+        worker = self.step_worker
+        worker.release_all()  # rows a stopped earlier run left admitted
+        worker.reset_problems()
         self._scheduler = sched
-        drafter_problems: list[str] = []
         try:
             self._loop(sched, stats, obs)
-            self.step_worker.release_all()
+            worker.release_all()
             self.device.synchronize()
-            for kind, problem in self.step_worker.drafter_problems().items():
-                key = ("drafter", self.step_worker.owner, kind)
-                self.pm.log_once(key, logging.WARNING, problem)
-                drafter_problems.append(problem)
+            problems = worker.drafter_problems()
+            for kind, problem in problems.items():
+                self.pm.log_once(("drafter", worker.owner, kind), logging.WARNING, problem)
+            return None, list(problems.values())
         except DeviceError as exc:
             # A device fault is sticky: nothing launched after it runs, and every event still
             # completes, so no wait hangs. Stop here; finished requests keep their tokens.
             self.failure = exc
-            stopped = str(exc)
             for req in reqs:
                 if not req.done:
                     req.error = f"engine stopped: {exc}"
-        elapsed = time.perf_counter() - start
-        stats.report_progress()
+            return str(exc), []
+
+    def _report(
+        self,
+        reqs: list[Request],
+        sched: Scheduler,
+        stats: _Collected,
+        elapsed: float,
+        stopped: str | None,
+        drafter_problems: list[str],
+    ) -> RunReport:
         published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
         for runner in self.runners:
             published.update(runner.published)
@@ -547,61 +419,74 @@ class Engine:
         )
 
     def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:
-        clock = time.perf_counter
+        """Step after step until every request is served: schedule step N+1 and launch it,
+        fence the scheduler's next writes, then collect step N, which ran meanwhile. The
+        serial loop collects each step right after launching it instead."""
         serial = self.config.loop == "serial"
-        pending: tuple[Scheduled, StepOutput] | None = None
+        in_flight: Launched | None = None
         while not sched.finished_scheduling:
-            t0 = clock()
-            scheduled = sched.schedule(stats.steps)
-            obs.host_span("schedule", t0, clock(), {"step": stats.steps})
-            if scheduled is None:
-                if pending is not None:
-                    t0 = clock()
-                    stats.collect(sched, *pending)
-                    obs.host_span("collect", t0, clock(), {})
-                    pending = None
+            scheduled = self._schedule(sched, stats, obs)
+            if scheduled is None:  # nothing can launch at this step
+                if in_flight is not None:
+                    self._collect(sched, stats, obs, in_flight)
+                    in_flight = None
                     stats.steps += 1
-                    continue
-                nxt = sched.next_arrival()
-                stats.steps = max(stats.steps + 1, nxt if nxt is not None else 0)
+                else:  # idle until the next request arrives
+                    arrival = sched.next_arrival()
+                    stats.steps = max(stats.steps + 1, arrival if arrival is not None else 0)
                 continue
-            t0 = clock()
-            out = self.launch(scheduled)
-            sched.on_launched(scheduled)
-            mode = scheduled.step.forward_mode
-            obs.host_span("launch", t0, clock(), {"step": stats.steps, "mode": mode.name})
-            stats.forwards[mode] += 1
+            launched = self._launch_step(sched, stats, obs, scheduled)
             if serial:
-                t0 = clock()
-                self.device.synchronize()
-                stats.collect(sched, scheduled, out)
-                obs.host_span("collect", t0, clock(), {})
+                self._collect(sched, stats, obs, launched, wait_all=True)
             else:
-                t0 = clock()
-                kind = self.barrier()
-                obs.barrier(kind, t0)
-                if pending is not None:
-                    t0 = clock()
-                    stats.collect(sched, *pending)
-                    obs.host_span("collect", t0, clock(), {})
-                pending = (scheduled, out)
+                t0 = time.perf_counter()
+                obs.barrier(self.barrier(), t0)
+                if in_flight is not None:
+                    self._collect(sched, stats, obs, in_flight)
+                in_flight = launched
             stats.report_progress()
             stats.steps += 1
-        if pending is not None:
-            stats.collect(sched, *pending)
+        if in_flight is not None:
+            stats.collect(sched, *in_flight)
+
+    def _schedule(
+        self, sched: Scheduler, stats: _Collected, obs: EngineObserver
+    ) -> Scheduled | None:
+        t0 = time.perf_counter()
+        scheduled = sched.schedule(stats.steps)
+        obs.host_span("schedule", t0, time.perf_counter(), {"step": stats.steps})
+        return scheduled
+
+    def _launch_step(
+        self, sched: Scheduler, stats: _Collected, obs: EngineObserver, scheduled: Scheduled
+    ) -> Launched:
+        t0 = time.perf_counter()
+        out = self.launch(scheduled)
+        sched.on_launched(scheduled)
+        mode = scheduled.step.forward_mode
+        obs.host_span("launch", t0, time.perf_counter(), {"step": stats.steps, "mode": mode.name})
+        stats.forwards[mode] += 1
+        return scheduled, out
+
+    def _collect(
+        self,
+        sched: Scheduler,
+        stats: _Collected,
+        obs: EngineObserver,
+        launched: Launched,
+        *,
+        wait_all: bool = False,
+    ) -> None:
+        """The host side of a launched step: wait for it (``wait_all``: for all device work),
+        then hand its tokens to the requests."""
+        t0 = time.perf_counter()
+        if wait_all:
+            self.device.synchronize()
+        stats.collect(sched, *launched)
+        obs.host_span("collect", t0, time.perf_counter(), {})
 
 
 _NO_OBSERVER = EngineObserver()
-
-
-def compare_with_serial(report: RunReport, serial: RunReport) -> bool | None:
-    """Set and return ``report.matches_serial``: whether its tokens equal the serial run's,
-    or ``None`` when either run had failed requests (an empty output equals an empty output,
-    which says nothing about a fence). ``report.serial_errors`` counts the serial run's."""
-    report.serial_errors = len(serial.errors)
-    failed = report.errors or serial.errors or report.stopped or serial.stopped
-    report.matches_serial = None if failed else serial.outputs == report.outputs
-    return report.matches_serial
 
 
 def _plugin_of(pm: WarcorePluginManager, algorithm: str) -> str:

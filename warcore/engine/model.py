@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from warcore.attention import AttentionBackend
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch, LayerAttention
 
 __all__ = ["DraftLlama", "ModelConfig", "TinyLlama"]
 
@@ -98,7 +97,7 @@ class TinyLlama:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     def layer(
-        self, i: int, h: torch.Tensor, batch: ForwardBatch, backend: AttentionBackend
+        self, i: int, h: torch.Tensor, batch: ForwardBatch, backend: LayerAttention
     ) -> torch.Tensor:
         cfg, p = self.cfg, self.layers[i]
         bs, mq = h.shape[0], h.shape[1]

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from warcore.batch import KVPool, StepInput
 from warcore.core import ForwardMode
 from warcore.device import Device, Stream
-from warcore.engine.kv_pool import KVPool
 from warcore.engine.requests import Request
-from warcore.runners.batch import StepInput
 
 __all__ = ["Scheduled", "Scheduler", "SchedulerConfig"]
 

@@ -25,10 +25,10 @@ from typing import Any, Protocol
 
 import torch
 
+from warcore.batch import ForwardBatch, RowState, StepInput
 from warcore.core import NUM_DRAFT, ForwardMode, Phase, StepFacts, StepSpec
 from warcore.engine.drafter import Drafter, DrafterError, DraftInput, TokenHistory, check_drafts
-from warcore.runners import ModelRunner, RowState, RunnerGroup, StepInput, StepOutput
-from warcore.runners.batch import ForwardBatch
+from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
 __all__ = ["StepWorker", "Worker", "build_drafter", "feed_inputs"]
 

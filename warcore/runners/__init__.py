@@ -2,7 +2,6 @@
 
 from warcore.runners._probe import ForwardProbe
 from warcore.runners._runner import PROMPT_MODES, ModelRunner, ReadDoneMailbox, StepOutput
-from warcore.runners.batch import ForwardBatch, RowState, StaticBatch, StepInput
 from warcore.runners.eager import EagerRunner
 from warcore.runners.graph import GraphRunner, default_buckets
 from warcore.runners.group import RunnerGroup
@@ -10,15 +9,11 @@ from warcore.runners.group import RunnerGroup
 __all__ = [
     "PROMPT_MODES",
     "EagerRunner",
-    "ForwardBatch",
     "ForwardProbe",
     "GraphRunner",
     "ModelRunner",
     "ReadDoneMailbox",
-    "RowState",
     "RunnerGroup",
-    "StaticBatch",
-    "StepInput",
     "StepOutput",
     "default_buckets",
 ]

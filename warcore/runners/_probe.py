@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from warcore.batch import ForwardBatch, StepInput
     from warcore.core import Decision, ForwardMode, RecordPoint
     from warcore.runners._runner import ModelRunner
-    from warcore.runners.batch import ForwardBatch, StepInput
 
 __all__ = ["ForwardProbe", "Work"]
 

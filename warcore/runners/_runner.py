@@ -17,15 +17,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from warcore.core import BoundaryContext, DecisionCache, ForwardMode, RecordPoint
+from warcore.batch import ForwardBatch, KVPool, Model, RowState, StepInput
+from warcore.core import ForwardMode, RecordPoint, runner_kind_for
 from warcore.device import Device, Event, Stream
 from warcore.runners._probe import ForwardProbe, Work
-from warcore.runners.batch import ForwardBatch, RowState, StepInput
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
-    from warcore.engine.kv_pool import KVPool
-    from warcore.engine.model import TinyLlama
+    from warcore.core import BoundaryContext, Decision, DecisionCache, DecisionKey, Execution
 
 __all__ = ["PROMPT_MODES", "ModelRunner", "ReadDoneMailbox", "StepOutput"]
 
@@ -87,7 +86,7 @@ class ModelRunner:
         *,
         device: Device,
         forward_stream: Stream,
-        model: TinyLlama,
+        model: Model,
         pool: KVPool,
         backend: AttentionBackend,
         context: BoundaryContext,
@@ -258,9 +257,28 @@ class ModelRunner:
         with self.device.use_stream(self.forward_stream):
             self.device.launch(commit_rows, "commit")
 
-    def publish_fresh(self) -> None:
-        """Record a fresh read-done event on the forward stream, here, now."""
+    # -- deciding and publishing ---------------------------------------------------------
+    def decision_handle(self, mode: ForwardMode, execution: Execution) -> int:
+        """The decision-cache handle of this runner's forwards of ``mode`` executed as
+        ``execution``: resolved once, then a replay's decision is one dict hit on an int."""
+        kind = runner_kind_for(mode, draft=self.draft)
+        key: DecisionKey = (kind, self.backend, mode, self.context, execution)
+        return self.decisions.handle(key)
+
+    def start_forward(self, step: StepInput, decision: Decision) -> ForwardProbe | None:
+        """Empty the mailbox (this forward has published nothing yet) and ask the audit probe,
+        if one is installed, whether it acts in this forward: the probe that does, or ``None``."""
+        self.mailbox.put(None)
+        probe = self.probe
+        return probe if probe is not None and probe.begin(self, step, decision) else None
+
+    def publish(self, point: RecordPoint, mode: ForwardMode, probe: ForwardProbe | None) -> None:
+        """The forward has reached its decided record ``point``: record a fresh read-done
+        event on the forward stream, here, and let ``probe`` act right after it (in stream
+        order: the sanitizer's poison lands exactly there)."""
         self.mailbox.put(self.forward_stream.record_event())
+        if probe is not None:
+            probe.at_record_point(self, mode, point)
 
 
 def _host(data: list[list[int]], pin: bool) -> torch.Tensor:

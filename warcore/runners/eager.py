@@ -5,16 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from warcore.core import (
-    DecisionKey,
-    Execution,
-    ForwardMode,
-    RecordPoint,
-    SharedReadBoundary,
-    runner_kind_for,
-)
+from warcore.batch import ForwardBatch, StaticBatch, StepInput
+from warcore.core import Decision, Execution, ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.runners._runner import ModelRunner, StepOutput
-from warcore.runners.batch import ForwardBatch, StaticBatch, StepInput
 
 __all__ = ["EagerRunner"]
 
@@ -34,49 +27,38 @@ class EagerRunner:
         self._handles: dict[ForwardMode, int] = {}
 
     def run(self, step: StepInput) -> StepOutput:
-        r = self.runner
-        mode = step.forward_mode
+        r, mode = self.runner, step.forward_mode
+        fb = self.static.view(mode, step.batch_size, step.max_q)
+        decision = self._decide(step, fb)
+        point = decision.record_point
+        probe = r.start_forward(step, decision)
+        r.load_batch(step, fb)
+        if point is RecordPoint.PRE_REPLAY:
+            r.publish(point, mode, probe)
+        r.in_graph_init(fb)
+        if point is RecordPoint.AFTER_IN_GRAPH_INIT:
+            r.publish(point, mode, probe)
+        r.body(fb)
+        if point is RecordPoint.POST_REPLAY:
+            r.publish(point, mode, probe)
+        return r.emit(step, fb, point)
+
+    def _decide(self, step: StepInput, fb: ForwardBatch) -> Decision:
+        """The cached decision for the step's mode. The static declaration is the earliest a
+        prefill may publish; the backend keeps it for this batch (building its snapshot) or
+        withdraws it (this forward publishes nothing)."""
+        r, mode = self.runner, step.forward_mode
         handle = self._handles.get(mode)
         if handle is None:
-            key: DecisionKey = (
-                runner_kind_for(mode, draft=r.draft),
-                r.backend,
-                mode,
-                r.context,
-                Execution.EAGER,
-            )
-            handle = self._handles[mode] = r.decisions.handle(key)
+            handle = self._handles[mode] = r.decision_handle(mode, Execution.EAGER)
         decision = r.decisions[handle]
-        point = decision.record_point
-        fb = self.static.view(mode, step.batch_size, step.max_q)
-        # The static declaration is the earliest a prefill may publish; the backend keeps it
-        # for this batch (building its snapshot) or withdraws it.
         if (
-            point is RecordPoint.PRE_REPLAY
+            decision.record_point is RecordPoint.PRE_REPLAY
             and decision.refines_per_batch
             and _refined(r, replace(fb, host=step)) is not PRE
         ):
-            point = RecordPoint.NONE
-            decision = replace(decision, record_point=point, withdrawn=True)
-        r.mailbox.put(None)
-        # An audit probe that asks to act at the record point (sanitizer, read tracer).
-        probe = r.probe if r.probe is not None and r.probe.begin(r, step, decision) else None
-        r.load_batch(step, fb)
-        if point is RecordPoint.PRE_REPLAY:
-            r.publish_fresh()
-            if probe is not None:
-                probe.at_record_point(r, mode, point)
-        r.in_graph_init(fb)
-        if point is RecordPoint.AFTER_IN_GRAPH_INIT:
-            r.publish_fresh()
-            if probe is not None:
-                probe.at_record_point(r, mode, point)
-        r.body(fb)
-        if point is RecordPoint.POST_REPLAY:
-            r.publish_fresh()
-            if probe is not None:
-                probe.at_record_point(r, mode, point)
-        return r.emit(step, fb, point)
+            return replace(decision, record_point=RecordPoint.NONE, withdrawn=True)
+        return decision
 
 
 def _refined(runner: ModelRunner, batch: ForwardBatch) -> object:

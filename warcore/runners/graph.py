@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import bisect
 
-from warcore.core import DecisionKey, Execution, ForwardMode, RecordPoint, runner_kind_for
+from warcore.batch import StaticBatch, StepInput
+from warcore.core import Execution, ForwardMode, RecordPoint
 from warcore.device import Graph
 from warcore.runners._runner import ModelRunner, StepOutput
-from warcore.runners.batch import StaticBatch, StepInput
 
 __all__ = ["GraphRunner", "default_buckets"]
 
@@ -81,14 +81,7 @@ class GraphRunner:
         self.graphs[bucket] = graph
         self.node_planted[bucket] = planted
         execution = Execution.GRAPH_PLANTED if planted else Execution.GRAPH_UNPLANTED
-        key: DecisionKey = (
-            runner_kind_for(self.mode, draft=r.draft),
-            r.backend,
-            self.mode,
-            r.context,
-            execution,
-        )
-        self.handles[bucket] = r.decisions.handle(key)
+        self.handles[bucket] = r.decision_handle(self.mode, execution)
         _ = r.decisions[self.handles[bucket]]  # resolve at capture time, not on first replay
 
     def capture_probe_graphs(self) -> None:
@@ -131,30 +124,23 @@ class GraphRunner:
         )
 
     def run(self, step: StepInput) -> StepOutput:
-        r = self.runner
+        r, mode = self.runner, self.mode
         bucket = self.bucket_for(step.batch_size)
-        fb = self.static.view(self.mode, bucket, self.max_q)
+        fb = self.static.view(mode, bucket, self.max_q)
         decision = r.decisions[self.handles[bucket]]
         point = decision.record_point
+        probe = r.start_forward(step, decision)
         graph = self.graphs[bucket]
-        r.mailbox.put(None)
-        # An audit probe that asks to act at the record point; in the graph, that is the
-        # probe graph, whose probe work sits right after the node.
-        probe = r.probe if r.probe is not None and r.probe.begin(r, step, decision) else None
         if probe is not None and point is RecordPoint.IN_GRAPH_NODE:
-            graph = self._probe_graph(bucket)
+            graph = self._probe_graph(bucket)  # its probe work sits right after the node
         r.load_batch(step.padded(bucket), fb)
         if point is RecordPoint.PRE_REPLAY:
-            r.publish_fresh()
-            if probe is not None:
-                probe.at_record_point(r, self.mode, point)
+            r.publish(point, mode, probe)
         graph.replay()
         if point is RecordPoint.IN_GRAPH_NODE:
-            r.mailbox.put(self.read_done_event)
+            r.mailbox.put(self.read_done_event)  # the replay's node re-armed it
         elif point is RecordPoint.POST_REPLAY:
-            r.publish_fresh()
-            if probe is not None:
-                probe.at_record_point(r, self.mode, point)
+            r.publish(point, mode, probe)
         return r.emit(step, fb, point)
 
     def _probe_graph(self, bucket: int) -> Graph:

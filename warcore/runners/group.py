@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from warcore.batch import StepInput
 from warcore.core import ForwardMode
 from warcore.runners._probe import ForwardProbe
 from warcore.runners._runner import ModelRunner, StepOutput
-from warcore.runners.batch import StepInput
 from warcore.runners.eager import EagerRunner
 from warcore.runners.graph import GraphRunner, default_buckets
 

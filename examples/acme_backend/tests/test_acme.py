@@ -16,8 +16,8 @@ from warcore_acme.backend import AcmeBackend
 
 from warcore import ForwardMode, SharedReadBoundary
 from warcore.audit.tracer import trace_reads
+from warcore.batch import ForwardBatch
 from warcore.core import WarcorePluginManager, get_registry, resolve_shared_read_boundary
-from warcore.runners.batch import ForwardBatch
 from warcore.testing import DeclaredBackend, assert_declarations_sound
 
 

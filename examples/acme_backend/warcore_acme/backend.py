@@ -31,8 +31,7 @@ from warcore.attention import AttentionBackend
 from warcore.core import BoundaryContext
 
 if TYPE_CHECKING:
-    from warcore.engine.kv_pool import KVPool
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch, KVPool
 
 __all__ = ["AcmeBackend"]
 

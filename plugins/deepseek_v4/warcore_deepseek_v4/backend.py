@@ -22,7 +22,7 @@ from warcore.core import ForwardMode, SharedReadBoundary
 if TYPE_CHECKING:
     import torch
 
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch
 
 __all__ = ["SNAPSHOT_TOKENS", "DeepseekV4Backend"]
 

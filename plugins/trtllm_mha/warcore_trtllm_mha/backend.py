@@ -13,7 +13,7 @@ from warcore.attention.torch_native import TorchNativeBackend
 from warcore.core import ForwardMode
 
 if TYPE_CHECKING:
-    from warcore.runners.batch import ForwardBatch
+    from warcore.batch import ForwardBatch
 
 __all__ = ["TrtllmMhaBackend"]
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -272,73 +271,92 @@ def chrome_trace(recorder: TraceRecorder, metadata: dict[str, Any] | None = None
         s for s in tl.streams if s not in (FORWARD_STREAM, SCHEDULE_STREAM)
     )
     tids = {name: _HOST_TID + 1 + i for i, name in enumerate(streams)}
-    times = [t for s in recorder.host for t in (s.t0, s.t1)]
-    times += [s.t0 for s in recorder.device] + [b.t for b in recorder.barriers]
-    times += [f.t for f in recorder.forwards]
-    origin = min(times, default=0.0)
-
-    def ns(t: float) -> int:
-        return round((t - origin) * 1e9)
-
-    # (tid, start ns, end ns or None for an instant, event without ts/dur)
-    body: list[tuple[int, int, int | None, dict[str, Any]]] = []
-
-    def span(tid: int, t0: float, t1: float, name: str, cat: str, args: dict[str, Any]) -> None:
-        body.append((tid, ns(t0), ns(t1), {"ph": "X", "name": name, "cat": cat, "args": args}))
-
-    def instant(tid: int, t: float, name: str, cat: str, args: dict[str, Any]) -> None:
-        event = {"ph": "i", "s": "t", "name": name, "cat": cat, "args": args}
-        body.append((tid, ns(t), None, event))
-
+    body = _Body(recorder)
     for h in recorder.host:
-        span(_HOST_TID, h.t0, h.t1, h.name, "host", _jsonable(h.args))
+        body.span(_HOST_TID, h.t0, h.t1, h.name, "host", _jsonable(h.args))
     for d in recorder.device:
-        span(tids[d.stream], d.t0, d.t1, d.label, _device_cat(d.label), {})
+        body.span(tids[d.stream], d.t0, d.t1, d.label, _device_cat(d.label), {})
+    _forwards(body, tl, tids[FORWARD_STREAM])
+    for f in tl.forwards:
+        _read_done(body, f.record, f.read_done_t(), tids[FORWARD_STREAM])
+    for rec in tl.unplaced:
+        _read_done(body, rec, None, tids[FORWARD_STREAM])
+    _barriers(body, tl, tids[SCHEDULE_STREAM])
+    events: list[dict[str, Any]] = [_meta("process_name", 0, {"name": "warcore engine"})]
+    names = {_HOST_TID: "host"} | {tid: f"{name} stream" for name, tid in tids.items()}
+    for tid, label in sorted(names.items()):
+        events.append(_meta("thread_name", tid, {"name": label}))
+        events.append(_meta("thread_sort_index", tid, {"sort_index": tid}))
+    return {
+        "traceEvents": events + body.events(),
+        "displayTimeUnit": "ms",
+        "otherData": {"generator": "warcore run --trace", **(metadata or {})},
+    }
+
+
+class _Body:
+    """The trace's timed events, each kept as (tid, start ns, end ns or ``None`` for an
+    instant, the event without ``ts``/``dur``) until :meth:`events` orders them."""
+
+    def __init__(self, recorder: TraceRecorder) -> None:
+        times = [t for s in recorder.host for t in (s.t0, s.t1)]
+        times += [s.t0 for s in recorder.device] + [b.t for b in recorder.barriers]
+        times += [f.t for f in recorder.forwards]
+        self.origin = min(times, default=0.0)
+        self.items: list[tuple[int, int, int | None, dict[str, Any]]] = []
+
+    def _ns(self, t: float) -> int:
+        return round((t - self.origin) * 1e9)
+
+    def span(
+        self, tid: int, t0: float, t1: float, name: str, cat: str, args: dict[str, Any]
+    ) -> None:
+        event = {"ph": "X", "name": name, "cat": cat, "args": args}
+        self.items.append((tid, self._ns(t0), self._ns(t1), event))
+
+    def instant(self, tid: int, t: float, name: str, cat: str, args: dict[str, Any]) -> None:
+        event = {"ph": "i", "s": "t", "name": name, "cat": cat, "args": args}
+        self.items.append((tid, self._ns(t), None, event))
+
+    def events(self) -> list[dict[str, Any]]:
+        """Per track by time; at equal start the longer span first, so enclosing spans
+        (forward, model body) precede what they contain and the file order is also the
+        nesting order."""
+        items = sorted(
+            self.items, key=lambda e: (e[0], e[1], -(e[2] - e[1]) if e[2] is not None else 0)
+        )
+        out = []
+        for tid, start, end, event in items:
+            event.update(pid=_PID, tid=tid, ts=start / 1000)
+            if end is not None:
+                event["dur"] = (end - start) / 1000
+            out.append(event)
+        return out
+
+
+def _forwards(body: _Body, tl: Timeline, tid: int) -> None:
+    """Each forward that has device spans as one span over them, and its model body."""
     for f in tl.forwards:
         if not f.items:
             continue
         rec = f.record
         args = {} if rec is None else _forward_args(rec)
         name = "forward" if rec is None else f"forward {rec.mode.name} ({rec.runner})"
-        span(tids[FORWARD_STREAM], f.start, f.end, name, "forward", args)
+        body.span(tid, f.start, f.end, name, "forward", args)
         body_span = f.body()
         if body_span is not None:
-            span(tids[FORWARD_STREAM], *body_span, "model body", "forward", {})
-    for f in tl.forwards:
-        _read_done(f.record, f.read_done_t(), tids, instant)
-    for rec in tl.unplaced:
-        _read_done(rec, None, tids, instant)
+            body.span(tid, *body_span, "model body", "forward", {})
+
+
+def _barriers(body: _Body, tl: Timeline, schedule_tid: int) -> None:
+    """Each barrier as a host instant, and the schedule-stream wait it caused (derived)."""
     for barrier, wait in tl.waits():
-        instant(_HOST_TID, barrier.t, f"barrier {barrier.kind}", "barrier", {"kind": barrier.kind})
+        kind = barrier.kind
+        body.instant(_HOST_TID, barrier.t, f"barrier {kind}", "barrier", {"kind": kind})
         if wait is not None:
             what = "read-done event" if wait.kind == "fine" else "forward stream"
-            span(
-                tids[SCHEDULE_STREAM],
-                wait.t0,
-                wait.t1,
-                f"wait {wait.kind}",
-                "wait",
-                {"fence": wait.kind, "waits_for": what, "derived": True},
-            )
-
-    # Per track by time; at equal start the longer span first, so enclosing spans (forward,
-    # model body) precede what they contain and the file order is also the nesting order.
-    body.sort(key=lambda e: (e[0], e[1], -(e[2] - e[1]) if e[2] is not None else 0))
-    events: list[dict[str, Any]] = [_meta("process_name", 0, {"name": "warcore engine"})]
-    names = {_HOST_TID: "host"} | {tid: f"{name} stream" for name, tid in tids.items()}
-    for tid, label in sorted(names.items()):
-        events.append(_meta("thread_name", tid, {"name": label}))
-        events.append(_meta("thread_sort_index", tid, {"sort_index": tid}))
-    for tid, start, end, event in body:
-        event.update(pid=_PID, tid=tid, ts=start / 1000)
-        if end is not None:
-            event["dur"] = (end - start) / 1000
-        events.append(event)
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"generator": "warcore run --trace", **(metadata or {})},
-    }
+            args = {"fence": wait.kind, "waits_for": what, "derived": True}
+            body.span(schedule_tid, wait.t0, wait.t1, f"wait {wait.kind}", "wait", args)
 
 
 def write_chrome_trace(
@@ -351,29 +369,19 @@ def write_chrome_trace(
 
 
 def _read_done(
-    rec: ForwardRecord | None,
-    device_t: float | None,
-    tids: dict[str, int],
-    instant: Callable[[int, float, str, str, dict[str, Any]], None],
+    body: _Body, rec: ForwardRecord | None, device_t: float | None, forward_tid: int
 ) -> None:
+    """A publishing forward's read-done record: on the forward stream at its derived device
+    time, or on the host at the launch when there is none."""
     if rec is None or not rec.point.publishes:
         return
-    args = _forward_args(rec)
+    name, args = f"read-done {rec.point.value}", _forward_args(rec)
     if device_t is not None:
-        instant(
-            tids[FORWARD_STREAM],
-            device_t,
-            f"read-done {rec.point.value}",
-            "read_done",
-            args | {"clock": "device (derived from the record point)"},
-        )
+        clock = {"clock": "device (derived from the record point)"}
+        body.instant(forward_tid, device_t, name, "read_done", args | clock)
     else:
-        instant(
-            _HOST_TID,
-            rec.t,
-            f"read-done {rec.point.value}",
-            "read_done",
-            args | {"clock": "host (no device spans)"},
+        body.instant(
+            _HOST_TID, rec.t, name, "read_done", args | {"clock": "host (no device spans)"}
         )
 
 

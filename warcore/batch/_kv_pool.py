@@ -8,14 +8,14 @@ graph bucket read row 0 and write slot 0, so they can never touch a live request
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from warcore.engine.model import ModelConfig
+if TYPE_CHECKING:
+    from warcore.batch._model import ModelShape
 
-__all__ = ["DUMMY_ROW", "DUMMY_SLOT", "KVPool"]
-
-DUMMY_ROW = 0
-DUMMY_SLOT = 0
+__all__ = ["KVPool"]
 
 
 class KVPool:
@@ -37,13 +37,14 @@ class KVPool:
     * ``swa_k``, ``swa_v``: the same shape, addressed through the mapping, for the layers in
       ``swa_layers`` (window ``cfg.sliding_window``).
 
-    Also: ``cfg`` (the model's :class:`~warcore.engine.model.ModelConfig`), ``max_reqs``,
+    Also: ``cfg`` (the model's :class:`~warcore.batch.ModelShape`, a
+    :class:`~warcore.engine.ModelConfig` in the engine), ``max_reqs``,
     ``num_slots``, ``max_context``. Slot 0 and row 0 are never handed out.
     """
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg: ModelShape,
         device: torch.device,
         *,
         max_reqs: int,

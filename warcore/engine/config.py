@@ -1,0 +1,106 @@
+"""What an engine runs: :class:`EngineConfig`, validated when it is made."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from warcore.engine.model import ModelConfig
+from warcore.engine.scheduler import SchedulerConfig
+
+__all__ = ["FENCES", "LOOPS", "MAX_MODELLED_S", "EngineConfig", "Fence", "Loop"]
+
+Fence = Literal["fine", "coarse", "none"]
+Loop = Literal["overlap", "serial"]
+FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
+LOOPS: tuple[Loop, ...] = ("overlap", "serial")
+
+
+MAX_MODELLED_S = 1.0
+"""The most modelled device time :class:`EngineConfig` takes per layer (``modelled_layer_s``)
+or per step (``schedule_work_s``): a second. More is a typo (``--layer-ms 1e308`` once failed
+mid-run with an overflow in the sim device's clock)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    backend: str = "torch_native"
+    algorithm: str = "none"
+    fence: Fence = "fine"
+    loop: Loop = "overlap"
+    use_graphs: bool = True
+    plant_node: bool = True
+    num_draft: int = 4
+    """Draft tokens per verify (the dflash block size, the EAGLE draft steps)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_slots: int = 4096
+    max_prompt: int = 64
+    schedule_work_s: float = 0.0
+    """Extra scheduler device work per step (a modelled host-to-device copy), for benchmarks."""
+    modelled_layer_s: float = 0.0
+    """Extra device time per model layer that uses no CPU (sim only): makes the tiny CPU
+    forward behave like a GPU's, whose kernels do not compete with the host for the CPU and
+    the GIL. Benchmarks state the value they use; 0 for tests."""
+    flags: tuple[tuple[str, bool | int | str], ...] = ()
+    """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
+    what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
+    :class:`Engine` raises :class:`ValueError` naming anything else."""
+
+    def __post_init__(self) -> None:
+        if self.fence not in FENCES:
+            raise ValueError(f"unknown fence {self.fence!r}; valid: {', '.join(FENCES)}")
+        if self.loop not in LOOPS:
+            raise ValueError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
+        if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
+            raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
+        if self.num_draft < 1:
+            raise ValueError(f"num_draft must be at least 1, got {self.num_draft}")
+        if self.num_draft > self.max_num_draft:
+            raise ValueError(
+                f"num_draft {self.num_draft} is more than this engine can run: at most "
+                f"{self.max_num_draft} ({self._num_draft_limit()})"
+            )
+        for name in ("schedule_work_s", "modelled_layer_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            if value > MAX_MODELLED_S:
+                raise ValueError(
+                    f"{name} must be at most {MAX_MODELLED_S:g} s (modelled device time per "
+                    f"layer or step), got {value!r}"
+                )
+        if not isinstance(self.flags, tuple):
+            raise ValueError(f"flags must be a tuple of (name, value) pairs, got {self.flags!r}")
+
+    @property
+    def token_capacity(self) -> int:
+        """Tokens one batch may hold: the static buffers every runner (graph or eager) has."""
+        sc = self.scheduler
+        return max(
+            sc.max_prefill_tokens, sc.max_prefill_requests * self.max_prompt, sc.max_running * 8
+        )
+
+    @property
+    def max_num_draft(self) -> int:
+        """The widest speculation this configuration can run (31 by default): a verify batch of
+        ``scheduler.max_running`` requests x ``num_draft + 1`` tokens must fit
+        :attr:`token_capacity`, and a one-token request's KV budget (``1 + 2 * num_draft``
+        positions, see :meth:`Request.kv_budget`) the model's context and the KV pool."""
+        by_batch = self.token_capacity // max(1, self.scheduler.max_running) - 1
+        by_context = (min(self.model.max_context, self.num_slots - 1) - 1) // 2
+        return min(by_batch, by_context)
+
+    def _num_draft_limit(self) -> str:
+        sc = self.scheduler
+        by_batch = self.token_capacity // max(1, sc.max_running) - 1
+        if by_batch <= self.max_num_draft:
+            return (
+                f"a verify batch of {sc.max_running} requests x (num_draft + 1) tokens must fit "
+                f"the engine's {self.token_capacity}-token batch"
+            )
+        return (
+            f"a request reserves 2 x num_draft KV positions beyond its tokens, within a context "
+            f"of {min(self.model.max_context, self.num_slots - 1)}"
+        )
