@@ -14,7 +14,7 @@ import warcore
 from warcore import BackendSpec, ForwardMode
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.cli import main
-from warcore.core import DFLASH_STEP, EAGLE_STEP, WarcorePluginManager, get_registry
+from warcore.core import WarcorePluginManager, get_registry
 from warcore.engine import (
     DrafterError,
     Engine,
@@ -24,6 +24,7 @@ from warcore.engine import (
     synthetic_trace,
 )
 from warcore.engine.drafter import DraftInput
+from warcore.engine.steps import DFLASH_STEP, EAGLE_STEP
 from warcore.runners.batch import ForwardBatch
 from warcore.testing import DeclaredAlgorithm, make_plugin_manager
 

@@ -40,13 +40,13 @@ from warcore.attention._reads import listening_for_shared_reads
 from warcore.audit.sanitizer import Violation, engine_config, trace_for
 from warcore.core import (
     Decision,
+    FlagValue,
     ForwardMode,
     RecordPoint,
     SharedReadBoundary,
     WarcorePluginManager,
     get_plugin_manager,
 )
-from warcore.core._specs import FlagValue
 from warcore.runners import ForwardBatch, ForwardProbe, ModelRunner, StepInput
 from warcore.runners._probe import Work
 

@@ -21,7 +21,7 @@ from warcore.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from warcore.core._specs import FlagValue
+    from warcore.core import FlagValue
     from warcore.engine import EngineConfig, RunReport
     from warcore.engine.trace_export import TraceRecorder
 
