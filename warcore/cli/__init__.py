@@ -15,7 +15,8 @@ and the ``warcore`` console script aside).
 Exit status: 0 ok, 1 problems found (``check``; a run or audit that found one), a plugin
 failed under strict mode, or an algorithm's drafter factory failed (``run``), 2 bad usage or a
 malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors too, through
-:class:`~warcore.cli._common.Parser`), 141 the reader of stdout went away (quietly, like a Unix
+:class:`~warcore.cli._common.Parser`), or a command that runs a forward (``run``, ``sanitize``,
+``soak``, ``bench``) where torch is not installed (``pip install 'warcore[engine]'``), 141 the reader of stdout went away (quietly, like a Unix
 tool ended by SIGPIPE).
 """
 
@@ -32,6 +33,7 @@ from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
 from warcore.cli.run import RUN
 from warcore.cli.sanitize import SANITIZE
 from warcore.cli.soak import SOAK
+from warcore._lazy import torch_missing
 from warcore.core import PluginLoadError
 
 __all__ = ["EXIT_BROKEN_PIPE", "Command", "main"]
@@ -88,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         except PluginLoadError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 1
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            print(f"{PROG}: error: {torch_missing(f'{PROG} {args.command}')}", file=sys.stderr)
+            return 2
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
         return status
     except BrokenPipeError:

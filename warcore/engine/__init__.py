@@ -1,22 +1,54 @@
 """The reference overlap engine: tiny model, KV pool, scheduler, overlap loop; its observers
 (:mod:`~warcore.engine.observe`) and the Perfetto trace export
-(:mod:`~warcore.engine.trace_export`), imported on use."""
+(:mod:`~warcore.engine.trace_export`), imported on use.
 
-from warcore.engine.drafter import DrafterError
-from warcore.engine.engine import (
-    FENCES,
-    LOOPS,
-    Engine,
-    EngineConfig,
-    EngineFailed,
-    RunReport,
-    compare_with_serial,
-)
-from warcore.engine.kv_pool import KVPool
-from warcore.engine.model import ModelConfig, TinyLlama
-from warcore.engine.observe import EngineObserver
-from warcore.engine.requests import MAX_TRACE_REQUESTS, Request, synthetic_trace
-from warcore.engine.scheduler import Scheduler, SchedulerConfig
+The names below are imported on first use (they need torch: ``pip install 'warcore[engine]'``);
+:mod:`~warcore.engine.steps` and :mod:`~warcore.engine.builtin_plugin` (the core's own plugin)
+import only the core.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from warcore._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from warcore.engine.drafter import DrafterError
+    from warcore.engine.engine import (
+        FENCES,
+        LOOPS,
+        Engine,
+        EngineConfig,
+        EngineFailed,
+        RunReport,
+        compare_with_serial,
+    )
+    from warcore.engine.kv_pool import KVPool
+    from warcore.engine.model import ModelConfig, TinyLlama
+    from warcore.engine.observe import EngineObserver
+    from warcore.engine.requests import MAX_TRACE_REQUESTS, Request, synthetic_trace
+    from warcore.engine.scheduler import Scheduler, SchedulerConfig
+
+_EXPORTS = {
+    "DrafterError": "warcore.engine.drafter",
+    "FENCES": "warcore.engine.engine",
+    "LOOPS": "warcore.engine.engine",
+    "Engine": "warcore.engine.engine",
+    "EngineConfig": "warcore.engine.engine",
+    "EngineFailed": "warcore.engine.engine",
+    "RunReport": "warcore.engine.engine",
+    "compare_with_serial": "warcore.engine.engine",
+    "KVPool": "warcore.engine.kv_pool",
+    "ModelConfig": "warcore.engine.model",
+    "TinyLlama": "warcore.engine.model",
+    "EngineObserver": "warcore.engine.observe",
+    "MAX_TRACE_REQUESTS": "warcore.engine.requests",
+    "Request": "warcore.engine.requests",
+    "synthetic_trace": "warcore.engine.requests",
+    "Scheduler": "warcore.engine.scheduler",
+    "SchedulerConfig": "warcore.engine.scheduler",
+}
 
 __all__ = [
     "FENCES",
@@ -37,3 +69,5 @@ __all__ = [
     "compare_with_serial",
     "synthetic_trace",
 ]
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
