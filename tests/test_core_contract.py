@@ -159,7 +159,8 @@ def test_pluggy_monitoring_and_tracing_see_every_plugin_asked_on_its_own() -> No
         resolved = resolve_shared_read_boundary("wctest_traced", ForwardMode.DECODE, pm=pm)
     finally:
         undo()
-    assert (resolved.boundary, resolved.source) == (SharedReadBoundary.POST_REPLAY, "default:conflict")
+    assert resolved.boundary is SharedReadBoundary.POST_REPLAY
+    assert resolved.source == "default:conflict"
     asked = [plugins for hook, plugins in calls if hook == "warcore_shared_read_boundary"]
     assert sorted(asked) == [["wctest_early"], ["wctest_late"]]
     assert sorted(r for r in results if r) == sorted(

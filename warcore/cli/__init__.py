@@ -16,8 +16,8 @@ Exit status: 0 ok, 1 problems found (``check``; a run or audit that found one), 
 failed under strict mode, or an algorithm's drafter factory failed (``run``), 2 bad usage or a
 malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors too, through
 :class:`~warcore.cli._common.Parser`), or a command that runs a forward (``run``, ``sanitize``,
-``soak``, ``bench``) where torch is not installed (``pip install 'warcore[engine]'``), 141 the reader of stdout went away (quietly, like a Unix
-tool ended by SIGPIPE).
+``soak``, ``bench``) where torch is not installed (``pip install 'warcore[engine]'``), 141 the
+reader of stdout went away (quietly, like a Unix tool ended by SIGPIPE).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import logging
 import os
 import sys
 
+from warcore._lazy import torch_missing
 from warcore.cli._common import PROG, Command, Parser, UsageError
 from warcore.cli.bench import BENCH
 from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
 from warcore.cli.run import RUN
 from warcore.cli.sanitize import SANITIZE
 from warcore.cli.soak import SOAK
-from warcore._lazy import torch_missing
 from warcore.core import PluginLoadError
 
 __all__ = ["EXIT_BROKEN_PIPE", "Command", "main"]

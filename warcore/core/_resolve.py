@@ -15,7 +15,7 @@ import enum
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ._boundary import Declared, SharedReadBoundary, latest
 from ._config import ENV_PREFILL_FAST_PATH
@@ -139,18 +139,32 @@ class OwnerResolution:
 Answers = list[tuple[str, Any]]
 
 
+@dataclass(frozen=True)
+class _Question(Generic[T]):
+    """A hook as the core asks it: what an answer must be, and what doubt decides."""
+
+    hook: str
+    accept: Callable[[object], bool]
+    expected: str
+    doubt: T
+    """The decision when a plugin fails (or a declaration is stale): the coarse fence."""
+    failed: str
+    """What a failure costs, for the log."""
+    conflict: Callable[[list[Any]], tuple[T, str]]
+    """Answers that disagree: the decision, and what it means for the log."""
+
+
 def _poll(
     pm: WarcorePluginManager,
-    hook: str,
+    question: _Question[Any],
     kwargs: Mapping[str, Any],
-    accept: Callable[[object], bool],
-    expected: str,
     taking_eager: bool | None = None,
 ) -> tuple[Answers, list[PluginFailure]]:
     """Ask each hookimpl on its own; ``taking_eager`` narrows to those whose signature takes
     (True) or lacks (False) the ``eager`` argument."""
     answers: Answers = []
     failures: list[PluginFailure] = []
+    hook = question.hook
     for impl in getattr(pm.hook, hook).get_hookimpls():
         if taking_eager is not None and ("eager" in impl.argnames) is not taking_eager:
             continue
@@ -161,9 +175,11 @@ def _poll(
             continue
         if value is None:
             continue
-        if not accept(value):
-            error = f"returned {value!r} ({type(value).__name__}); expected {expected} or None"
-            failures.append(PluginFailure(impl.plugin_name, hook, error))
+        if not question.accept(value):
+            error = f"returned {value!r} ({type(value).__name__}); expected "
+            failures.append(
+                PluginFailure(impl.plugin_name, hook, f"{error}{question.expected} or None")
+            )
             continue
         answers.append((impl.plugin_name, value))
     return answers, failures
@@ -171,29 +187,27 @@ def _poll(
 
 def _vote(
     pm: WarcorePluginManager,
+    question: _Question[T],
     answers: Answers,
     failures: list[PluginFailure],
-    *,
     where: str,
-    doubt: T,
-    failed: str,
-    conflict: Callable[[list[Any]], tuple[T, str]],
     conflict_key: object,
+    *,
     disagree_on: str | None = None,
     stale: list[str] | None = None,
 ) -> tuple[T, str] | None:
-    """The decision of ``answers``, and its provenance: a failure (logged once, saying it
-    costs ``failed``) or a stale declaration is ``doubt``; answers that disagree are
-    ``conflict(values)`` (a value and what it means, logged once per ``conflict_key``);
-    agreeing answers decide (``plugin:<a+b>``); ``None`` when nobody answered."""
+    """The decision of ``answers``, and its provenance: a failure (logged once) or a stale
+    declaration is the question's doubt; answers that disagree are its conflict (logged once
+    per ``conflict_key``); agreeing answers decide (``plugin:<a+b>``); ``None`` when nobody
+    answered."""
     if failures:
-        _log_failures(pm, failures, where, failed)
-        return doubt, f"default:failed:{failures[0].plugin}"
+        _log_failures(pm, failures, where, question.failed)
+        return question.doubt, f"default:failed:{failures[0].plugin}"
     if stale:
-        return doubt, stale[0]
+        return question.doubt, stale[0]
     values = [v for _, v in answers]
     if len(set(values)) > 1:
-        value, meaning = conflict(values)
+        value, meaning = question.conflict(values)
         who = ", ".join(f"{p}={_shown(v)}" for p, v in answers)
         message = f"plugins disagree on {disagree_on or where}: {who}; {meaning}"
         pm.log_once(conflict_key, logging.WARNING, message)
@@ -312,12 +326,38 @@ def _cycle(children: tuple[Any, ...], path: _Path) -> PluginFailure | None:
     return None
 
 
-_BOUNDARY_HOOK = "warcore_shared_read_boundary"
-_BOUNDARY_TYPES = "SharedReadBoundary or Declared"
-
-
-def _is_boundary(value: object) -> bool:
-    return isinstance(value, SharedReadBoundary | Declared)
+_BOUNDARY = _Question(
+    "warcore_shared_read_boundary",
+    lambda v: isinstance(v, SharedReadBoundary | Declared),
+    "SharedReadBoundary or Declared",
+    UNKNOWN,
+    "treated as UNKNOWN (coarse fence)",
+    lambda values: (latest(values), f"using the latest, {latest(values).name}"),
+)
+_PUBLISH = _Question(
+    "warcore_is_war_publish_phase",
+    lambda v: isinstance(v, bool),
+    "bool",
+    False,
+    "not publishing (coarse fence)",
+    lambda _: (False, "not publishing (coarse fence)"),
+)
+_VETO: _Question[None] = _Question(
+    "warcore_fast_path_veto",
+    lambda v: isinstance(v, str) and bool(v.strip()),
+    "a non-empty reason string",
+    None,
+    "counted as a veto (coarse fence)",
+    lambda _: (None, ""),  # not a vote: every answer is a veto
+)
+_OWNER: _Question[str | None] = _Question(
+    "warcore_step_event_owner",
+    lambda v: v in EVENT_OWNERS,
+    " or ".join(repr(o) for o in EVENT_OWNERS),
+    None,
+    "no event owner (coarse fence)",
+    lambda _: (None, "no owner (coarse)"),
+)
 
 
 def _declared(
@@ -332,32 +372,19 @@ def _declared(
     """One backend's own declaration (a wrapper's own, without its children)."""
     eager_only = eager and mode in CAPTURED_MODES
     kwargs = {"backend": name, "forward_mode": mode, "context": ctx, "eager": eager}
-    if not eager_only:
-        answers, failures = _poll(pm, _BOUNDARY_HOOK, kwargs, _is_boundary, _BOUNDARY_TYPES)
-    else:
-        answers, failures = _poll(pm, _BOUNDARY_HOOK, kwargs, _is_boundary, _BOUNDARY_TYPES, True)
+    answers, failures = _poll(pm, _BOUNDARY, kwargs, True if eager_only else None)
+    if eager_only:
         # A graph-only declaration says nothing about the eager body, except that an UNKNOWN
         # (not audited) or a failure is never overruled by someone else's eager claim.
-        graph, graph_failures = _poll(
-            pm, _BOUNDARY_HOOK, kwargs, _is_boundary, _BOUNDARY_TYPES, False
-        )
+        graph, graph_failures = _poll(pm, _BOUNDARY, kwargs, False)
         answers += [(p, v) for p, v in graph if _boundary_of(v) is UNKNOWN]
         failures += graph_failures
     where = f"backend {name!r}, mode {mode.name}, algorithm {ctx.algorithm!r}" + (
         " (eager)" if eager_only else ""
     )
     answers, stale = _drop_stale(pm, answers, where)
-    decided = _vote(
-        pm,
-        answers,
-        failures,
-        where=where,
-        doubt=UNKNOWN,
-        failed="treated as UNKNOWN (coarse fence)",
-        conflict=lambda values: (latest(values), f"using the latest, {latest(values).name}"),
-        conflict_key=("conflict", name, mode, ctx, eager_only),
-        stale=stale,
-    )
+    key = ("conflict", name, mode, ctx, eager_only)
+    decided = _vote(pm, _BOUNDARY, answers, failures, where, key, stale=stale)
     boundary, source = decided or _undeclared(pm, name, mode, ctx, eager_only, wrapper, where)
     return BoundaryResolution(name, mode, ctx, boundary, source, tuple(answers), tuple(failures))
 
@@ -497,23 +524,12 @@ def resolve_war_publish_phase(
     mode = ForwardMode.parse(forward_mode)
     if pm.config.force_coarse:
         return PublishResolution(algorithm, mode, False, "forced-coarse")
-    kwargs = {"algorithm": algorithm, "forward_mode": mode}
-    answers, failures = _poll(
-        pm, "warcore_is_war_publish_phase", kwargs, lambda v: isinstance(v, bool), "bool"
-    )
+    answers, failures = _poll(pm, _PUBLISH, {"algorithm": algorithm, "forward_mode": mode})
     stepped = _declared_step(pm, algorithm)
     if stepped is not None:
         answers += _step_answer(answers, stepped[1], mode in stepped[0].publish_modes)
-    decided = _vote(
-        pm,
-        answers,
-        failures,
-        where=f"algorithm {algorithm!r}, mode {mode.name}",
-        doubt=False,
-        failed="not publishing (coarse fence)",
-        conflict=lambda _: (False, "not publishing (coarse fence)"),
-        conflict_key=("conflict", algorithm, mode),
-    )
+    where = f"algorithm {algorithm!r}, mode {mode.name}"
+    decided = _vote(pm, _PUBLISH, answers, failures, where, ("conflict", algorithm, mode))
     if decided is None:  # nobody answers: an algorithm that declares its step answers from it
         decided = (
             (False, "default:no-answer")
@@ -558,17 +574,11 @@ def resolve_fast_path_veto(
     if mode is ForwardMode.EXTEND and not pm.config.prefill_fast_path:
         why = f"the prefill fast path is switched off ({ENV_PREFILL_FAST_PATH})"
         vetoes.append((BUILTIN_PLUGIN_NAME, why))
-    answers, failures = _poll(
-        pm,
-        "warcore_fast_path_veto",
-        {"forward_mode": mode, "context": ctx},
-        lambda v: isinstance(v, str) and bool(v.strip()),
-        "a non-empty reason string",
-    )
+    answers, failures = _poll(pm, _VETO, {"forward_mode": mode, "context": ctx})
     # Not a vote: every answer is a veto, and so is every failure.
     vetoes.extend(answers)
     vetoes.extend((f"failed:{f.plugin}", f.error) for f in failures)
-    _log_failures(pm, failures, f"mode {mode.name}", "counted as a veto (coarse fence)")
+    _log_failures(pm, failures, f"mode {mode.name}", _VETO.failed)
     return VetoResolution(mode, ctx, tuple(vetoes), tuple(failures))
 
 
@@ -586,32 +596,22 @@ def resolve_step_event_owner(
     facts = facts if facts is not None else StepFacts()
     if not isinstance(facts, StepFacts):
         raise TypeError(f"facts must be a warcore.StepFacts, got {facts!r}")
-    answers, failures = _poll(
-        pm,
-        "warcore_step_event_owner",
-        {"algorithm": algorithm, "facts": facts},
-        lambda v: v in EVENT_OWNERS,
-        " or ".join(repr(o) for o in EVENT_OWNERS),
-    )
+    answers, failures = _poll(pm, _OWNER, {"algorithm": algorithm, "facts": facts})
     stepped = _declared_step(pm, algorithm)  # the step's last reader's runner (issue 14)
     if stepped is not None:
         answers += _step_answer(answers, stepped[1], stepped[0].owner)
-    decided: tuple[str | None, str] | None = _vote(
+    key = ("owner-conflict", algorithm, facts)
+    decided = _vote(
         pm,
+        _OWNER,
         answers,
         failures,
-        where=f"algorithm {algorithm!r}",
-        doubt=None,
-        failed="no event owner (coarse fence)",
-        conflict=lambda _: (None, "no owner (coarse)"),
-        conflict_key=("owner-conflict", algorithm, facts),
+        f"algorithm {algorithm!r}",
+        key,
         disagree_on=f"the event owner of {algorithm!r}",
     )
     if decided is None:
-        decided = (
-            ("target", "default:target")
-            if stepped is None
-            else (stepped[0].owner, f"step:{stepped[1]}")
-        )
+        step_owner = None if stepped is None else (stepped[0].owner, f"step:{stepped[1]}")
+        decided = step_owner or ("target", "default:target")
     owner, source = decided
     return OwnerResolution(algorithm, facts, owner, source, tuple(answers), tuple(failures))
