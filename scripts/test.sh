@@ -14,7 +14,7 @@ done
 
 failed=()
 .venv/bin/ruff check warcore plugins tests examples || failed+=(ruff)
-.venv/bin/lint-imports --no-cache || failed+=(lint-imports)
+.venv/bin/lint-imports --no-cache --no-logo || failed+=(lint-imports)
 .venv/bin/mypy warcore "${plugin_packages[@]}" || failed+=(mypy)
 .venv/bin/pytest -q "$@" || failed+=(pytest)
 

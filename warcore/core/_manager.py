@@ -284,9 +284,9 @@ class WarcorePluginManager(pluggy.PluginManager):
     def load_entry_points(self, entry_points: Iterable[md.EntryPoint] | None = None) -> None:
         """Load the ``warcore`` entry points one at a time, in sorted order, each isolated.
 
-        Which ones (:func:`~warcore.core._select.select_entry_points`): an entry of
-        ``WARCORE_PLUGINS`` (the allowlist) or ``WARCORE_DISABLE_PLUGINS`` (the block list) is
-        ``DIST:EP`` (exactly that distribution's entry point) or a bare ``NAME``, which stands
+        Which ones (a pure function of the names decides, ``select_entry_points``): an entry
+        of ``WARCORE_PLUGINS`` (the allowlist) or ``WARCORE_DISABLE_PLUGINS`` (the block list)
+        is ``DIST:EP`` (exactly that distribution's entry point) or a bare ``NAME``, which stands
         for every entry point whose distribution is ``NAME`` or whose entry-point name is
         ``NAME``, provided those all belong to one distribution. A bare name that two
         distributions answer to is ambiguous: it admits none of them (reported in
