@@ -51,9 +51,7 @@ def test_an_ambiguous_bare_name_admits_none_and_is_a_problem() -> None:
     candidates = [Candidate("shared", "dist-a"), Candidate("shared", "dist-b")]
     selection = select_entry_points(candidates, {"shared"})
     assert [v.action for v in selection.verdicts] == ["disabled", "disabled"]
-    assert {v.reason for v in selection.verdicts} == {
-        "WARCORE_PLUGINS entry 'shared' is ambiguous"
-    }
+    assert {v.reason for v in selection.verdicts} == {"WARCORE_PLUGINS entry 'shared' is ambiguous"}
     (problem,) = selection.problems
     assert "'dist-a', 'dist-b'" in problem and "DISTRIBUTION:ENTRY_POINT" in problem
 
