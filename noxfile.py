@@ -99,9 +99,12 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
         wheels = Path(session.create_tmp()) / "wheels"
         shutil.rmtree(wheels, ignore_errors=True)
         session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *paths)
-        session.install(*sorted(str(w) for w in wheels.glob("*.whl")))
+        session.install(*sorted(_with_engine(str(w)) for w in wheels.glob("*.whl")))
     else:
-        session.install(*(arg for path in paths for arg in ("-e", path)))
+        # warcore with its engine extra (torch, which the .pth above already provides).
+        session.install(
+            *(arg for path in [f"{paths[0]}[engine]", *paths[1:]] for arg in ("-e", path))
+        )
     # Run from outside the checkout, so `import warcore` finds what the cell installed (the
     # wheels, in the wheel cell) rather than the source tree in the current directory.
     session.chdir(session.create_tmp())
@@ -124,6 +127,11 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
         *session.posargs,
         env=env,
     )
+
+
+def _with_engine(wheel: str) -> str:
+    """warcore's own wheel with its engine extra; a plugin's wheel as it is."""
+    return f"{wheel}[engine]" if Path(wheel).name.startswith("warcore-") else wheel
 
 
 _ASSERT_INSTALLED_FROM_WHEEL = (

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The tests: set up, then lint, type-check and run pytest. Every step runs; the exit status is
+# The tests: set up, then lint, check the import layers (lint-imports: pyproject.toml's
+# [tool.importlinter] contracts), type-check and run pytest. Every step runs; the exit status is
 # non-zero if any failed. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,6 +14,7 @@ done
 
 failed=()
 .venv/bin/ruff check warcore plugins tests examples || failed+=(ruff)
+.venv/bin/lint-imports --no-cache --no-logo || failed+=(lint-imports)
 .venv/bin/mypy warcore "${plugin_packages[@]}" || failed+=(mypy)
 .venv/bin/pytest -q "$@" || failed+=(pytest)
 

@@ -29,12 +29,10 @@ from warcore.core import (
     SharedReadBoundary,
     WarcorePluginManager,
     decide,
-    decode_record_point,
-    draft_extend_record_point,
     get_decision_cache,
     get_registry,
     hookimpl,
-    prefill_record_point,
+    record_point,
 )
 
 pytestmark = pytest.mark.plugins()
@@ -43,6 +41,27 @@ M = ForwardMode
 B = SharedReadBoundary
 P = RecordPoint
 PLANTED, UNPLANTED, EAGER = Execution.GRAPH_PLANTED, Execution.GRAPH_UNPLANTED, Execution.EAGER
+
+
+def decode_record_point(
+    mode: ForwardMode, declared: SharedReadBoundary, publishes: bool, execution: Execution
+) -> RecordPoint:
+    return record_point(RunnerKind.DECODE, mode, declared, publishes, execution)
+
+
+def draft_extend_record_point(
+    mode: ForwardMode, declared: SharedReadBoundary, publishes: bool, execution: Execution
+) -> RecordPoint:
+    return record_point(RunnerKind.DRAFT_EXTEND, mode, declared, publishes, execution)
+
+
+def prefill_record_point(
+    mode: ForwardMode, declared: SharedReadBoundary, publishes: bool
+) -> RecordPoint:
+    """The prefill runner's point does not depend on the execution: checked for each."""
+    points = {record_point(RunnerKind.PREFILL, mode, declared, publishes, e) for e in Execution}
+    assert len(points) == 1, points
+    return points.pop()
 REAL_PLUGINS = frozenset({"trtllm_mha", "deepseek_v4", "dflash"})
 
 

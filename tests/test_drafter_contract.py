@@ -15,7 +15,7 @@ from warcore import BackendSpec, ForwardMode
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.batch import ForwardBatch
 from warcore.cli import main
-from warcore.core import DFLASH_STEP, EAGLE_STEP, WarcorePluginManager, get_registry
+from warcore.core import WarcorePluginManager, get_registry
 from warcore.engine import (
     DrafterError,
     Engine,
@@ -25,6 +25,7 @@ from warcore.engine import (
     synthetic_trace,
 )
 from warcore.engine.drafter import DraftInput
+from warcore.engine.steps import DFLASH_STEP, EAGLE_STEP
 from warcore.testing import DeclaredAlgorithm, make_plugin_manager
 
 TRACE = {"prompt_len": (4, 10), "output_len": (3, 12)}

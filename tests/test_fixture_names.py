@@ -107,7 +107,7 @@ def offered_names(tree: ast.AST) -> Iterator[tuple[int, str, str]]:
 def _valid(name: str) -> bool:
     """A name a registry could hold (lowercase, digits, ``_``, from a letter): a deliberately
     invalid one (``Eagle``, ``2fast``) is refused before it can collide with anything."""
-    from warcore.core._specs import validate_name
+    from warcore.core import validate_name
 
     try:
         validate_name("name", name)

@@ -26,7 +26,8 @@ from warcore import (
     resolve_war_publish_phase,
 )
 from warcore.audit.matrix import find_problems
-from warcore.core import EAGLE_STEP, WarcorePluginManager, decide
+from warcore.core import WarcorePluginManager, decide
+from warcore.engine.steps import EAGLE_STEP
 from warcore.testing import DeclaredAlgorithm, make_plugin_manager
 
 M = ForwardMode

@@ -65,10 +65,10 @@ def _offers(installed: set[str]) -> dict[str, dict[str, Any]]:
     """What the core and every installed plugin offer, asked of their own spec hooks (not of
     warcore's registry): ``{"backends" | "algorithms": {name: spec}}``, without the names two
     plugins offer (those are disabled; a plugin's offer of a core name is ignored)."""
-    from warcore.core import _builtins
+    from warcore.engine import builtin_plugin
 
     offered: dict[str, dict[str, list[tuple[str, Any]]]] = {"backends": {}, "algorithms": {}}
-    sources: list[tuple[str, object]] = [("warcore", _builtins)]
+    sources: list[tuple[str, object]] = [("warcore", builtin_plugin)]
     for ep in md.entry_points(group="warcore"):
         if ep.name in installed and ep.name != "broken_fixture":
             sources.append((ep.name, ep.load()))

@@ -19,7 +19,7 @@ from warcore.core import (
     RunnerKind,
     WarcorePluginManager,
     decide,
-    honour_boundary,
+    record_point,
     resolve_shared_read_boundary,
 )
 from warcore.device import get_device
@@ -96,7 +96,8 @@ def test_latest_is_monotone(values: list[B], extra: B) -> None:
 def test_a_record_point_is_never_earlier_than_the_declaration(
     declared: B, execution: Execution
 ) -> None:
-    point = honour_boundary(declared, execution)
+    # The decode runner in a publishing decode honours the declaration and nothing else.
+    point = record_point(RunnerKind.DECODE, ForwardMode.DECODE, declared, True, execution)
     if point.publishes:
         assert point.boundary >= declared
     else:

@@ -102,7 +102,7 @@ def test_a_plugin_defined_in_python_c_registers_resolves_and_is_listed_without_a
         assert (info["status"], info["path"], info["registered_by"]) == ("active", None, "runtime")
         assert info["hooks"] == [hook]
     # A plugin with a file still gets its path.
-    assert str(plugins["warcore"]["path"]).endswith("_builtins.py")
+    assert str(plugins["warcore"]["path"]).endswith("builtin_plugin.py")
 
 
 def test_a_plugin_typed_into_a_repl_registers_and_is_listed_without_a_path() -> None:

@@ -15,17 +15,14 @@ from warcore.audit.sanitizer import combinations, sanitize
 from warcore.audit.steps import step_problems
 from warcore.cli import main
 from warcore.core import (
-    DFLASH_STEP,
-    EAGLE_STEP,
-    NONE_STEP,
     StepFacts,
     WarcorePluginManager,
-    engine_problem,
     get_registry,
     resolve_step_event_owner,
     resolve_war_publish_phase,
 )
 from warcore.engine import Engine, EngineConfig
+from warcore.engine.steps import DFLASH_STEP, EAGLE_STEP, NONE_STEP, engine_problem
 from warcore.testing import DeclaredAlgorithm, assert_declarations_sound, assert_matches_serial
 
 EXTEND, DECODE, VERIFY = ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY

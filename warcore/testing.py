@@ -40,10 +40,10 @@ from warcore.attention import AttentionBackend
 from warcore.audit.sanitizer import DEFAULT_REQUESTS, SanitizeReport, combinations, sanitize
 from warcore.core import (
     BUILTIN_PLUGIN_NAME,
-    CAPTURED_MODES,
     AlgorithmSpec,
     BackendSpec,
     BoundaryContext,
+    FlagValue,
     ForwardMode,
     LoaderConfig,
     SharedReadBoundary,
@@ -53,8 +53,7 @@ from warcore.core import (
     get_plugin_manager,
     hookimpl,
 )
-from warcore.core import _builtins as core_builtins
-from warcore.core._specs import FlagValue
+from warcore.engine import builtin_plugin as core_builtins
 
 __all__ = [
     "CoreAlgorithms",
@@ -173,7 +172,7 @@ class DeclaredBackend:
     ) -> SharedReadBoundary | None:
         if backend != self.name:
             return None
-        table = self.eager if eager and forward_mode in CAPTURED_MODES else self.boundaries
+        table = self.eager if eager and forward_mode.is_captured_kind() else self.boundaries
         return table.get(forward_mode)
 
 

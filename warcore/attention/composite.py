@@ -23,17 +23,11 @@ from warcore.attention._base import AttentionBackend
 from warcore.core import (
     CORE_FLAGS,
     BoundaryContext,
+    FlagValue,
     ForwardMode,
     SharedReadBoundary,
     get_plugin_manager,
     get_registry,
-)
-from warcore.core._specs import (
-    HYBRID_DECODE,
-    HYBRID_PREFILL,
-    LAYER_HYBRID,
-    SPEC_ATTN_IS_DECODE,
-    FlagValue,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +43,11 @@ __all__ = [
     "hybrid_children",
     "layer_hybrid_children",
 ]
+
+
+# The core's flags (CORE_FLAGS) that name the wrappers' children.
+HYBRID_PREFILL, HYBRID_DECODE = "hybrid_prefill_backend", "hybrid_decode_backend"
+SPEC_ATTN_IS_DECODE, LAYER_HYBRID = "spec_attn_is_decode", "layer_hybrid_backends"
 
 
 def _flag(context: BoundaryContext, name: str) -> Any:

@@ -15,6 +15,7 @@ from warcore.core import (
     BoundaryResolution,
     DecisionCache,
     Execution,
+    FlagValue,
     ForwardMode,
     OwnerResolution,
     PluginInfo,
@@ -31,7 +32,6 @@ from warcore.core import (
     resolve_war_publish_phase,
     runner_kind_for,
 )
-from warcore.core._specs import FlagValue
 
 __all__ = [
     "ENGINE_NEUTRAL_ALGORITHMS",

@@ -59,17 +59,17 @@ from warcore.core import (
     DecisionCache,
     DecisionKey,
     Execution,
+    FlagValue,
     ForwardMode,
     RecordPoint,
     RunnerKind,
     SharedReadBoundary,
     WarcorePluginManager,
     decide,
-    engine_problem,
     get_plugin_manager,
     get_registry,
 )
-from warcore.core._specs import FlagValue
+from warcore.engine.steps import engine_problem
 
 if TYPE_CHECKING:
     from warcore.audit._sanitize_probe import ForwardRecord

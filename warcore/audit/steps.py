@@ -14,12 +14,11 @@ from warcore.core import (
     PUBLISHING_MODES,
     StepFacts,
     WarcorePluginManager,
-    engine_problem,
     get_registry,
     resolve_step_event_owner,
     resolve_war_publish_phase,
-    step_of,
 )
+from warcore.engine.steps import engine_problem, step_of
 
 __all__ = ["step_problems"]
 

@@ -41,15 +41,14 @@ from warcore.audit.sanitizer import Violation, engine_config, trace_for
 from warcore.batch import ForwardBatch, StepInput
 from warcore.core import (
     Decision,
+    FlagValue,
     ForwardMode,
     RecordPoint,
     SharedReadBoundary,
     WarcorePluginManager,
     get_plugin_manager,
 )
-from warcore.core._specs import FlagValue
-from warcore.runners import ForwardProbe, ModelRunner
-from warcore.runners._probe import Work
+from warcore.runners import ForwardProbe, ModelRunner, Work
 
 if TYPE_CHECKING:
     from warcore.engine import ModelConfig, Request

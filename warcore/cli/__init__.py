@@ -15,8 +15,9 @@ and the ``warcore`` console script aside).
 Exit status: 0 ok, 1 problems found (``check``; a run or audit that found one), a plugin
 failed under strict mode, or an algorithm's drafter factory failed (``run``), 2 bad usage or a
 malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors too, through
-:class:`~warcore.cli._common.Parser`), 141 the reader of stdout went away (quietly, like a Unix
-tool ended by SIGPIPE).
+:class:`~warcore.cli._common.Parser`), or a command that runs a forward (``run``, ``sanitize``,
+``soak``, ``bench``) where torch is not installed (``pip install 'warcore[engine]'``), 141 the
+reader of stdout went away (quietly, like a Unix tool ended by SIGPIPE).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 import os
 import sys
 
+from warcore._lazy import torch_missing
 from warcore.cli._common import PROG, Command, Parser, UsageError
 from warcore.cli.bench import BENCH
 from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
@@ -88,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         except PluginLoadError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 1
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            print(f"{PROG}: error: {torch_missing(f'{PROG} {args.command}')}", file=sys.stderr)
+            return 2
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
         return status
     except BrokenPipeError:

@@ -4,6 +4,7 @@ manager behind a validated environment, and plain-text and JSON output."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -15,14 +16,13 @@ from typing import NoReturn
 from warcore.core import (
     DuplicateNameError,
     FlagSpec,
+    FlagValue,
     LoaderConfig,
     UnknownNameError,
     WarcorePluginManager,
     get_plugin_manager,
     get_registry,
 )
-from warcore.core._flags import parse_flag_text
-from warcore.core._specs import FlagValue
 
 __all__ = [
     "PROG",
@@ -129,6 +129,48 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     for line in (headers, *rows):
         cells = [str(c).ljust(w) for c, w in zip(line[:-1], widths, strict=False)] + [str(line[-1])]
         print("  ".join(cells).rstrip())
+
+
+BOOL_TRUE = ("1", "true", "yes", "on")
+BOOL_FALSE = ("0", "false", "no", "off")
+BOOL_SPELLINGS = "1/0, true/false, yes/no, on/off"
+"""The spellings a boolean flag accepts on the command line (any case); a bare ``NAME`` means
+true. The same as the ``WARCORE_*`` boolean variables."""
+
+
+def parse_flag_text(text: str, specs: Mapping[str, FlagSpec]) -> tuple[str, FlagValue]:
+    """``NAME`` or ``NAME=VALUE`` (the command line's ``--flag``), parsed by the flag's kind.
+
+    A boolean accepts :data:`BOOL_SPELLINGS` (a bare name: true); an integer flag an integer;
+    a string flag any text (it needs ``=VALUE``). Raises :class:`ValueError` naming the flag
+    (and, for an unknown one, the valid names, as the engine's own check does)."""
+    name, sep, raw = text.partition("=")
+    if not name:
+        raise ValueError(f"--flag {text!r}: expected NAME or NAME=VALUE")
+    spec = specs.get(name)
+    if spec is None:
+        valid = ", ".join(sorted(specs)) or "(none)"
+        close = difflib.get_close_matches(name, list(specs), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"--flag {text!r}: unknown engine flag {name!r}{hint}; valid: {valid}")
+    kind = spec.kind.__name__
+    if spec.kind is bool:
+        if not sep or raw.lower() in BOOL_TRUE:
+            return name, True
+        if raw.lower() in BOOL_FALSE:
+            return name, False
+        raise ValueError(
+            f"--flag {text!r}: {name} is a boolean flag; its value must be one of "
+            f"{BOOL_SPELLINGS}, got {raw!r}"
+        )
+    if not sep:
+        raise ValueError(f"--flag {text!r}: {name} is a {kind} flag and needs a value")
+    if spec.kind is int:
+        try:
+            return name, int(raw)
+        except ValueError:
+            raise ValueError(f"--flag {text!r}: {name} is an int flag; got {raw!r}") from None
+    return name, raw
 
 
 def parse_flag(text: str, specs: Mapping[str, FlagSpec] | None = None) -> tuple[str, FlagValue]:

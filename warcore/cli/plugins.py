@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from warcore.audit.matrix import MatrixRow, build_matrix, find_notes, find_problems
 from warcore.cli._common import Command, parse_flags, plugin_manager, print_json, print_table
 from warcore.core import PluginInfo, StepFacts
-from warcore.core._manager import SLOW_PLUGIN_SECONDS
 
 __all__ = ["CHECK", "MATRIX", "PLUGINS"]
 
@@ -69,7 +68,7 @@ def _run_plugins(args: argparse.Namespace) -> int:
                 "plugins": [info.as_dict() for info in pm.plugin_infos],
                 "unknown_allowlist_names": list(pm.unknown_allowlist_names),
                 "allowlist_problems": list(pm.allowlist_problems),
-                "slow_plugin_seconds": SLOW_PLUGIN_SECONDS,
+                "slow_plugin_seconds": pm.SLOW_PLUGIN_SECONDS,
                 "force_coarse": pm.config.force_coarse,
             }
         )

@@ -22,7 +22,7 @@ from warcore.cli._common import (
 
 if TYPE_CHECKING:
     from warcore.audit.trace_export import TraceRecorder
-    from warcore.core._specs import FlagValue
+    from warcore.core import FlagValue
     from warcore.engine import EngineConfig, RunReport
 
 __all__ = ["NUM_DRAFT", "RUN", "format_report"]

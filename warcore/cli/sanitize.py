@@ -27,8 +27,7 @@ from warcore.cli._common import (
 if TYPE_CHECKING:
     from warcore.audit.sanitizer import Combination, ModeSummary, SanitizeReport
     from warcore.audit.tracer import ReadTrace
-    from warcore.core import WarcorePluginManager
-    from warcore.core._specs import FlagValue
+    from warcore.core import FlagValue, WarcorePluginManager
 
 __all__ = ["SANITIZE"]
 

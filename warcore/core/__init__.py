@@ -1,36 +1,29 @@
-"""The core: vocabulary, plugin loading, resolution and the runners' pure decisions."""
+"""The core: the vocabulary, the hooks, the plugin manager and its loader, the registry, the
+resolution of plugin answers, the runners' pure decision and the decision cache.
+
+pluggy and packaging only, never torch (a test and the import contract keep it so). Everything
+here is the core's public surface: code outside the core imports these names, never a private
+module. :mod:`warcore` re-exports the part a plugin author needs.
+"""
 
 from ._boundary import Declared, Execution, RecordPoint, SharedReadBoundary, latest
-from ._decisions import (
-    decode_record_point,
-    draft_extend_record_point,
-    honour_boundary,
-    prefill_record_point,
-)
-from ._hookspecs import WarcoreSpecs, hookimpl, hookspec
+from ._cache import Decision, DecisionCache, DecisionKey, decide, get_decision_cache
+from ._config import ENV_DISABLE_PLUGINS, ENV_PLUGINS, LoaderConfig
+from ._decisions import RunnerKind, record_point, runner_kind_for
+from ._diagnostics import PluginInfo, PluginValidationError
+from ._hookspecs import hookimpl, hookspec
 from ._manager import (
-    BUILTIN_PLUGIN_NAME,
-    ENTRY_POINT_GROUP,
-    ENV_DISABLE_PLUGINS,
-    ENV_FORCE_COARSE,
-    ENV_PLUGINS,
-    ENV_PREFILL_FAST_PATH,
-    ENV_STRICT_PLUGINS,
-    LoaderConfig,
-    PluginInfo,
     PluginLoadError,
     PluginReentryError,
-    PluginValidationError,
     WarcorePluginManager,
     get_plugin_manager,
     reset_plugin_manager,
 )
-from ._modes import CAPTURED_MODES, CONTRACT_MODES, ForwardMode
-from ._registry import DuplicateNameError, Registry, UnknownNameError, get_registry
+from ._modes import CONTRACT_MODES, ForwardMode
+from ._registry import DuplicateNameError, UnknownNameError, get_registry
 from ._resolve import (
     BoundaryResolution,
     OwnerResolution,
-    PluginFailure,
     PublishResolution,
     VetoResolution,
     resolve_fast_path_veto,
@@ -38,113 +31,74 @@ from ._resolve import (
     resolve_step_event_owner,
     resolve_war_publish_phase,
 )
+from ._select import BUILTIN_PLUGIN_NAME
 from ._specs import (
     CORE_FLAGS,
-    EVENT_OWNERS,
-    KNOWN_FAMILIES,
     NCCL_ALLGATHER_IN_OVERLAP,
-    OFFLOAD_FLAGS,
     AlgorithmSpec,
     BackendSpec,
     BoundaryContext,
     FlagSpec,
+    FlagValue,
     StepFacts,
+    validate_name,
 )
-from ._steps import (
-    DFLASH_STEP,
-    EAGLE_STEP,
-    FAMILY_STEPS,
-    NONE_STEP,
-    NUM_DRAFT,
-    PUBLISHING_MODES,
-    Phase,
-    StepSpec,
-    engine_problem,
-    step_of,
-)
-from ._table import (
-    MAX_RESOLUTIONS,
-    UNSETTLED_RESOLUTIONS,
-    Decision,
-    DecisionCache,
-    DecisionKey,
-    RunnerKind,
-    decide,
-    get_decision_cache,
-    runner_kind_for,
-)
+from ._steps import NUM_DRAFT, PUBLISHING_MODES, Phase, StepSpec
 
 __all__ = [
-    "DFLASH_STEP",
-    "EAGLE_STEP",
-    "FAMILY_STEPS",
-    "NONE_STEP",
-    "NUM_DRAFT",
-    "PUBLISHING_MODES",
-    "Phase",
-    "StepSpec",
-    "engine_problem",
-    "step_of",
-    "BUILTIN_PLUGIN_NAME",
-    "CAPTURED_MODES",
+    # the vocabulary
     "CONTRACT_MODES",
     "CORE_FLAGS",
-    "FlagSpec",
-    "EVENT_OWNERS",
-    "ENV_PREFILL_FAST_PATH",
-    "OFFLOAD_FLAGS",
-    "Declared",
-    "OwnerResolution",
-    "StepFacts",
-    "VetoResolution",
-    "resolve_fast_path_veto",
-    "resolve_step_event_owner",
-    "ENTRY_POINT_GROUP",
-    "ENV_DISABLE_PLUGINS",
-    "ENV_FORCE_COARSE",
-    "ENV_PLUGINS",
-    "ENV_STRICT_PLUGINS",
-    "KNOWN_FAMILIES",
-    "MAX_RESOLUTIONS",
-    "UNSETTLED_RESOLUTIONS",
     "NCCL_ALLGATHER_IN_OVERLAP",
+    "NUM_DRAFT",
+    "PUBLISHING_MODES",
     "AlgorithmSpec",
     "BackendSpec",
     "BoundaryContext",
-    "BoundaryResolution",
-    "Decision",
-    "DecisionCache",
-    "DecisionKey",
-    "DuplicateNameError",
+    "Declared",
     "Execution",
+    "FlagSpec",
+    "FlagValue",
     "ForwardMode",
+    "Phase",
+    "RecordPoint",
+    "SharedReadBoundary",
+    "StepFacts",
+    "StepSpec",
+    "latest",
+    "validate_name",
+    # the hooks, the manager and the registry
+    "BUILTIN_PLUGIN_NAME",
+    "ENV_DISABLE_PLUGINS",
+    "ENV_PLUGINS",
+    "DuplicateNameError",
     "LoaderConfig",
-    "PluginFailure",
     "PluginInfo",
     "PluginLoadError",
     "PluginReentryError",
     "PluginValidationError",
-    "PublishResolution",
-    "RecordPoint",
-    "Registry",
-    "RunnerKind",
-    "SharedReadBoundary",
     "UnknownNameError",
     "WarcorePluginManager",
-    "WarcoreSpecs",
-    "decide",
-    "decode_record_point",
-    "draft_extend_record_point",
-    "get_decision_cache",
     "get_plugin_manager",
     "get_registry",
     "hookimpl",
     "hookspec",
-    "honour_boundary",
-    "latest",
-    "prefill_record_point",
     "reset_plugin_manager",
+    # resolution, the runners' decision and its cache
+    "BoundaryResolution",
+    "Decision",
+    "DecisionCache",
+    "DecisionKey",
+    "OwnerResolution",
+    "PublishResolution",
+    "RunnerKind",
+    "VetoResolution",
+    "decide",
+    "get_decision_cache",
+    "record_point",
+    "resolve_fast_path_veto",
     "resolve_shared_read_boundary",
+    "resolve_step_event_owner",
     "resolve_war_publish_phase",
     "runner_kind_for",
 ]

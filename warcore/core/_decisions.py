@@ -1,28 +1,86 @@
-"""Where each runner records its read-done event: small pure functions, no plugin calls.
+"""Where a runner records its read-done event: one small pure function, no plugin calls.
 
-The rules behind all of them: a record point is never earlier than the declared boundary, and
-a runner publishes only for a forward that its algorithm calls its publish phase (a ``False`` or
-a failed answer publishes nothing, in every mode). A captured graph with no planted node records
-after the replay, as sglang 0.5.23 does (#34052 recorded ``IN_REPLAY`` before the replay there).
-An eager forward's declared boundary is its eager path's (resolution gives ``POST_REPLAY`` when
-only the graph is declared), so the eager point right after the in-graph init is used only when
-the eager path was declared ``IN_REPLAY`` on its own.
+The rules behind it: a record point is never earlier than the declared boundary, and a runner
+publishes only for a forward that its algorithm calls its publish phase (a ``False`` or a
+failed answer publishes nothing, in every mode). A captured graph with no planted node records
+after the replay, as sglang 0.5.23 does (#34052 recorded ``IN_REPLAY`` before the replay
+there). An eager forward's declared boundary is its eager path's (resolution gives
+``POST_REPLAY`` when only the graph is declared), so the eager point right after the in-graph
+init is used only when the eager path was declared ``IN_REPLAY`` on its own.
 """
 
 from __future__ import annotations
 
+import enum
+
 from ._boundary import Execution, RecordPoint, SharedReadBoundary
 from ._modes import ForwardMode
 
-__all__ = [
-    "decode_record_point",
-    "draft_extend_record_point",
-    "honour_boundary",
-    "prefill_record_point",
-]
+__all__ = ["RunnerKind", "record_point", "runner_kind_for"]
 
 
-def honour_boundary(declared: SharedReadBoundary, execution: Execution) -> RecordPoint:
+class RunnerKind(enum.Enum):
+    DECODE = "decode"
+    """Decode CUDA-graph runner: ``DECODE`` and ``TARGET_VERIFY``."""
+    DRAFT_EXTEND = "draft_extend"
+    """EAGLE draft-extend runner: ``DRAFT_EXTEND_V2``."""
+    PREFILL = "prefill"
+    """Prefill runner: ``EXTEND``."""
+    DRAFT_DECODE = "draft_decode"
+    """A draft model's decode steps: publish only when the algorithm's publish phase is
+    ``DECODE`` (a step whose draft decodes are its last reader); EAGLE's never do, its
+    draft-extend after verify reads later."""
+
+    # Identity hash (members are singletons): Enum's own __hash__ is a Python-level call, and
+    # members key the per-replay decision lookup, where it cost ~0.1 µs per member.
+    __hash__ = object.__hash__
+
+
+def runner_kind_for(forward_mode: ForwardMode, *, draft: bool = False) -> RunnerKind:
+    """The runner that executes ``forward_mode`` (modes no runner publishes for go to DECODE,
+    whose decision is then ``RecordPoint.NONE``); ``draft`` for a draft model's runner."""
+    if draft and forward_mode is ForwardMode.DECODE:
+        return RunnerKind.DRAFT_DECODE
+    if forward_mode is ForwardMode.EXTEND:
+        return RunnerKind.PREFILL
+    if forward_mode is ForwardMode.DRAFT_EXTEND_V2:
+        return RunnerKind.DRAFT_EXTEND
+    return RunnerKind.DECODE
+
+
+_RUNNER_MODES = {
+    RunnerKind.DECODE: frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY}),
+    # A draft decode publishes only where its algorithm's step says it is the last reader
+    # (issue 14: steps as data); EAGLE's never is, its draft-extend reads later.
+    RunnerKind.DRAFT_DECODE: frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY}),
+    RunnerKind.DRAFT_EXTEND: frozenset({ForwardMode.DRAFT_EXTEND_V2}),
+    RunnerKind.PREFILL: frozenset({ForwardMode.EXTEND}),
+}
+"""The modes each runner can publish for."""
+
+
+def record_point(
+    kind: RunnerKind,
+    forward_mode: ForwardMode,
+    declared: SharedReadBoundary,
+    publish_phase: bool,
+    execution: Execution,
+) -> RecordPoint:
+    """Where ``kind``'s runner records the read-done event of one forward.
+
+    The algorithm's gate (``publish_phase``) precedes the declaration; a mode the runner does
+    not publish for records nothing. The decode, draft-decode and draft-extend runners honour
+    the declared boundary with the earliest point that is not earlier than it; the prefill
+    runner publishes only before its replay, for a ``PRE_REPLAY`` backend."""
+    if not publish_phase or forward_mode not in _RUNNER_MODES[kind]:
+        return RecordPoint.NONE
+    if kind is RunnerKind.PREFILL:
+        pre = declared is SharedReadBoundary.PRE_REPLAY
+        return RecordPoint.PRE_REPLAY if pre else RecordPoint.NONE
+    return _honour(declared, execution)
+
+
+def _honour(declared: SharedReadBoundary, execution: Execution) -> RecordPoint:
     """The earliest record point that is not earlier than ``declared``."""
     if declared is SharedReadBoundary.UNKNOWN:
         return RecordPoint.NONE
@@ -35,40 +93,3 @@ def honour_boundary(declared: SharedReadBoundary, execution: Execution) -> Recor
     if execution is Execution.GRAPH_PLANTED:
         return RecordPoint.IN_GRAPH_NODE
     return RecordPoint.POST_REPLAY
-
-
-def decode_record_point(
-    forward_mode: ForwardMode,
-    declared: SharedReadBoundary,
-    publish_phase: bool,
-    execution: Execution,
-) -> RecordPoint:
-    """Decode / target-verify runner: the algorithm's gate precedes the declaration."""
-    if not publish_phase or forward_mode not in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
-        return RecordPoint.NONE
-    return honour_boundary(declared, execution)
-
-
-def draft_extend_record_point(
-    forward_mode: ForwardMode,
-    declared: SharedReadBoundary,
-    publish_phase: bool,
-    execution: Execution,
-) -> RecordPoint:
-    """EAGLE draft-extend runner: publishes per the backend's ``DRAFT_EXTEND_V2`` declaration."""
-    if forward_mode is not ForwardMode.DRAFT_EXTEND_V2 or not publish_phase:
-        return RecordPoint.NONE
-    return honour_boundary(declared, execution)
-
-
-def prefill_record_point(
-    forward_mode: ForwardMode, declared: SharedReadBoundary, publish_phase: bool
-) -> RecordPoint:
-    """Prefill runner: only exactly ``EXTEND``, a publishing algorithm, a PRE_REPLAY backend."""
-    if (
-        forward_mode is ForwardMode.EXTEND
-        and publish_phase
-        and declared is SharedReadBoundary.PRE_REPLAY
-    ):
-        return RecordPoint.PRE_REPLAY
-    return RecordPoint.NONE

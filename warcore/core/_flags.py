@@ -13,13 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from ._specs import FlagSpec, FlagValue
 
-__all__ = ["BOOL_FALSE", "BOOL_SPELLINGS", "BOOL_TRUE", "check_flags", "parse_flag_text"]
-
-BOOL_TRUE = ("1", "true", "yes", "on")
-BOOL_FALSE = ("0", "false", "no", "off")
-BOOL_SPELLINGS = "1/0, true/false, yes/no, on/off"
-"""The spellings a boolean flag accepts on the command line (any case); a bare ``NAME`` means
-true. The same as the ``WARCORE_*`` boolean variables."""
+__all__ = ["check_flags"]
 
 
 def _unknown(name: str, specs: Mapping[str, FlagSpec]) -> str:
@@ -31,37 +25,6 @@ def _unknown(name: str, specs: Mapping[str, FlagSpec]) -> str:
 
 def _kind(spec: FlagSpec) -> str:
     return spec.kind.__name__
-
-
-def parse_flag_text(text: str, specs: Mapping[str, FlagSpec]) -> tuple[str, FlagValue]:
-    """``NAME`` or ``NAME=VALUE`` (the command line's ``--flag``), parsed by the flag's kind.
-
-    A boolean accepts :data:`BOOL_SPELLINGS` (a bare name: true); an integer flag an integer;
-    a string flag any text (it needs ``=VALUE``). Raises :class:`ValueError` naming the flag
-    (and, for an unknown one, the valid names)."""
-    name, sep, raw = text.partition("=")
-    if not name:
-        raise ValueError(f"--flag {text!r}: expected NAME or NAME=VALUE")
-    spec = specs.get(name)
-    if spec is None:
-        raise ValueError(f"--flag {text!r}: {_unknown(name, specs)}")
-    if spec.kind is bool:
-        if not sep or raw.lower() in BOOL_TRUE:
-            return name, True
-        if raw.lower() in BOOL_FALSE:
-            return name, False
-        raise ValueError(
-            f"--flag {text!r}: {name} is a boolean flag; its value must be one of "
-            f"{BOOL_SPELLINGS}, got {raw!r}"
-        )
-    if not sep:
-        raise ValueError(f"--flag {text!r}: {name} is a {_kind(spec)} flag and needs a value")
-    if spec.kind is int:
-        try:
-            return name, int(raw)
-        except ValueError:
-            raise ValueError(f"--flag {text!r}: {name} is an int flag; got {raw!r}") from None
-    return name, raw
 
 
 def check_flags(

@@ -2,7 +2,8 @@
 
 A plugin is a module (or object) registered under the entry-point group ``warcore``. Each hook
 returns ``None`` to abstain. The core asks every plugin on its own and resolves the answers
-itself (see :mod:`warcore.core._resolve`), so registration order never decides anything.
+itself (see :func:`~warcore.core.resolve_shared_read_boundary`), so registration order never
+decides anything.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ._flags import check_flags
-from ._manager import BUILTIN_PLUGIN_NAME, WarcorePluginManager
+from ._manager import WarcorePluginManager
+from ._select import BUILTIN_PLUGIN_NAME
 from ._specs import CORE_FLAGS, AlgorithmSpec, BackendSpec, FlagSpec, FlagValue
 
 __all__ = ["DuplicateNameError", "Registry", "UnknownNameError", "get_registry"]
@@ -96,7 +97,7 @@ class Registry:
         offered: dict[str, list[Offer[S]]] = {}
         for impl in getattr(pm.hook, hook).get_hookimpls():
             try:
-                result = pm.call_as(impl.plugin_name, hook, impl.function)
+                result = pm.call_hookimpl(hook, impl, {})
                 specs = [] if result is None else list(result)
                 for spec in specs:
                     if not isinstance(spec, kind):

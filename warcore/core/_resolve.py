@@ -1,35 +1,31 @@
-"""Resolving plugin answers into one boundary / publish phase, with provenance.
+"""Resolving plugin answers into one boundary, publish phase, veto list or event owner, with
+provenance.
 
-Each hookimpl is asked on its own: pluggy's ``firstresult`` would let registration order decide
-and would let one raising plugin abort the call for everybody.
+Each hookimpl is asked on its own (:func:`_poll`): pluggy's ``firstresult`` would let
+registration order decide and would let one raising plugin abort the call for everybody. One
+vote (:func:`_vote`) turns the answers into a decision for every resolver: a failure is doubt
+(the coarse fence, blamed on the plugin), plugins that disagree are a conflict (resolved to the
+safe side, logged once), plugins that agree decide, and nobody answering leaves the resolver's
+own default.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from ._boundary import Declared, SharedReadBoundary, latest
-from ._manager import (
-    BUILTIN_PLUGIN_NAME as BUILTIN,
-)
-from ._manager import (
-    ENV_PREFILL_FAST_PATH as ENV_PREFILL,
-)
-from ._manager import (
-    WarcorePluginManager,
-    get_plugin_manager,
-)
+from ._config import ENV_PREFILL_FAST_PATH
+from ._manager import WarcorePluginManager, get_plugin_manager
 from ._modes import CAPTURED_MODES, CONTRACT_MODES, ForwardMode
 from ._registry import get_registry
 from ._scope import stale_reason
-from ._specs import EVENT_OWNERS, BoundaryContext, StepFacts
+from ._select import BUILTIN_PLUGIN_NAME
+from ._specs import EVENT_OWNERS, Backend, BoundaryContext, StepFacts
 from ._steps import StepSpec
-
-if TYPE_CHECKING:
-    from warcore.attention import AttentionBackend
 
 __all__ = [
     "BoundaryResolution",
@@ -42,6 +38,9 @@ __all__ = [
     "resolve_step_event_owner",
     "resolve_war_publish_phase",
 ]
+
+T = TypeVar("T")
+UNKNOWN = SharedReadBoundary.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -99,40 +98,128 @@ class PublishResolution:
         return self.source == "default:conflict"
 
 
-def _ask(
+@dataclass(frozen=True)
+class VetoResolution:
+    """Whether anyone vetoes the fine fence for (mode, context), who and why."""
+
+    forward_mode: ForwardMode
+    context: BoundaryContext
+    vetoes: tuple[tuple[str, str], ...] = ()
+    """(plugin, reason) of every veto, failures included."""
+    failures: tuple[PluginFailure, ...] = ()
+
+    @property
+    def vetoed(self) -> bool:
+        return bool(self.vetoes)
+
+    @property
+    def source(self) -> str:
+        """``veto:<plugin>: <reason>`` of the first veto; empty when nobody vetoes."""
+        if not self.vetoes:
+            return ""
+        plugin, reason = self.vetoes[0]
+        return f"veto:{plugin}: {reason}"
+
+
+@dataclass(frozen=True)
+class OwnerResolution:
+    """Which runner owns the step's read-done event for (algorithm, facts); ``None``: no owner
+    (the barrier keeps the coarse fence)."""
+
+    algorithm: str
+    facts: StepFacts
+    owner: str | None
+    source: str
+    answers: tuple[tuple[str, str], ...] = ()
+    failures: tuple[PluginFailure, ...] = ()
+
+
+# -- asking and voting -------------------------------------------------------------------------
+
+Answers = list[tuple[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Question(Generic[T]):
+    """A hook as the core asks it: what an answer must be, and what doubt decides."""
+
+    hook: str
+    accept: Callable[[object], bool]
+    expected: str
+    doubt: T
+    """The decision when a plugin fails (or a declaration is stale): the coarse fence."""
+    failed: str
+    """What a failure costs, for the log."""
+    conflict: Callable[[list[Any]], tuple[T, str]]
+    """Answers that disagree: the decision, and what it means for the log."""
+
+
+def _poll(
     pm: WarcorePluginManager,
-    hook: str,
-    kwargs: dict[str, Any],
-    accept: Callable[[object], bool],
-    expected: str,
+    question: _Question[Any],
+    kwargs: Mapping[str, Any],
     taking_eager: bool | None = None,
-) -> tuple[list[tuple[str, Any]], list[PluginFailure]]:
+) -> tuple[Answers, list[PluginFailure]]:
     """Ask each hookimpl on its own; ``taking_eager`` narrows to those whose signature takes
     (True) or lacks (False) the ``eager`` argument."""
-    answers: list[tuple[str, Any]] = []
+    answers: Answers = []
     failures: list[PluginFailure] = []
+    hook = question.hook
     for impl in getattr(pm.hook, hook).get_hookimpls():
         if taking_eager is not None and ("eager" in impl.argnames) is not taking_eager:
             continue
         try:
-            args = {name: kwargs[name] for name in impl.argnames}
-            value = pm.call_as(impl.plugin_name, hook, impl.function, **args)
+            value = pm.call_hookimpl(hook, impl, kwargs)
         except Exception as exc:
             failures.append(PluginFailure(impl.plugin_name, hook, f"{type(exc).__name__}: {exc}"))
             continue
         if value is None:
             continue
-        if not accept(value):
+        if not question.accept(value):
+            error = f"returned {value!r} ({type(value).__name__}); expected "
             failures.append(
-                PluginFailure(
-                    impl.plugin_name,
-                    hook,
-                    f"returned {value!r} ({type(value).__name__}); expected {expected} or None",
-                )
+                PluginFailure(impl.plugin_name, hook, f"{error}{question.expected} or None")
             )
             continue
         answers.append((impl.plugin_name, value))
     return answers, failures
+
+
+def _vote(
+    pm: WarcorePluginManager,
+    question: _Question[T],
+    answers: Answers,
+    failures: list[PluginFailure],
+    where: str,
+    conflict_key: object,
+    *,
+    disagree_on: str | None = None,
+    stale: list[str] | None = None,
+) -> tuple[T, str] | None:
+    """The decision of ``answers``, and its provenance: a failure (logged once) or a stale
+    declaration is the question's doubt; answers that disagree are its conflict (logged once
+    per ``conflict_key``); agreeing answers decide (``plugin:<a+b>``); ``None`` when nobody
+    answered."""
+    if failures:
+        _log_failures(pm, failures, where, question.failed)
+        return question.doubt, f"default:failed:{failures[0].plugin}"
+    if stale:
+        return question.doubt, stale[0]
+    values = [v for _, v in answers]
+    if len(set(values)) > 1:
+        value, meaning = question.conflict(values)
+        who = ", ".join(f"{p}={_shown(v)}" for p, v in answers)
+        message = f"plugins disagree on {disagree_on or where}: {who}; {meaning}"
+        pm.log_once(conflict_key, logging.WARNING, message)
+        return value, "default:conflict"
+    if values:
+        answerers = sorted({p for p, _ in answers if not p.startswith("step:")})
+        return values[0], "plugin:" + "+".join(answerers)
+    return None
+
+
+def _shown(value: object) -> str:
+    return value.name if isinstance(value, enum.Enum) else str(value)
 
 
 def _log_failures(
@@ -147,12 +234,11 @@ def _log_failures(
         )
 
 
-def _source_of_answers(names: list[str]) -> str:
-    return "plugin:" + "+".join(sorted(set(names)))
+# -- the boundary --------------------------------------------------------------------------------
 
 
 def resolve_shared_read_boundary(
-    backend: str | AttentionBackend,
+    backend: str | Backend,
     forward_mode: ForwardMode | str,
     context: BoundaryContext | None = None,
     *,
@@ -184,7 +270,7 @@ _Path = tuple[tuple[object, str, str], ...]
 
 def _resolve(
     pm: WarcorePluginManager,
-    backend: str | AttentionBackend,
+    backend: str | Backend,
     mode: ForwardMode,
     ctx: BoundaryContext,
     eager: bool,
@@ -192,7 +278,7 @@ def _resolve(
 ) -> BoundaryResolution:
     name, children, failure, owner = _backend_identity(pm, backend, mode, ctx)
     if pm.config.force_coarse:
-        return BoundaryResolution(name, mode, ctx, SharedReadBoundary.UNKNOWN, "forced-coarse")
+        return BoundaryResolution(name, mode, ctx, UNKNOWN, "forced-coarse")
     inner = (*outer, (_identity(backend), name, owner))
     if failure is None:
         failure = _cycle(children, inner)
@@ -204,10 +290,8 @@ def _resolve(
             f"{failure.error}; treated as UNKNOWN (coarse fence)",
         )
         source = f"default:failed:{failure.plugin}"
-        return BoundaryResolution(
-            name, mode, ctx, SharedReadBoundary.UNKNOWN, source, failures=(failure,)
-        )
-    own = _declared(pm, backend, name, mode, ctx, eager, wrapper=bool(children))
+        return BoundaryResolution(name, mode, ctx, UNKNOWN, source, failures=(failure,))
+    own = _declared(pm, name, mode, ctx, eager, wrapper=bool(children))
     if not children:
         return own
     resolved = tuple(_resolve(pm, c, mode, ctx, eager, inner) for c in children)
@@ -242,9 +326,42 @@ def _cycle(children: tuple[Any, ...], path: _Path) -> PluginFailure | None:
     return None
 
 
+_BOUNDARY = _Question(
+    "warcore_shared_read_boundary",
+    lambda v: isinstance(v, SharedReadBoundary | Declared),
+    "SharedReadBoundary or Declared",
+    UNKNOWN,
+    "treated as UNKNOWN (coarse fence)",
+    lambda values: (latest(values), f"using the latest, {latest(values).name}"),
+)
+_PUBLISH = _Question(
+    "warcore_is_war_publish_phase",
+    lambda v: isinstance(v, bool),
+    "bool",
+    False,
+    "not publishing (coarse fence)",
+    lambda _: (False, "not publishing (coarse fence)"),
+)
+_VETO: _Question[None] = _Question(
+    "warcore_fast_path_veto",
+    lambda v: isinstance(v, str) and bool(v.strip()),
+    "a non-empty reason string",
+    None,
+    "counted as a veto (coarse fence)",
+    lambda _: (None, ""),  # not a vote: every answer is a veto
+)
+_OWNER: _Question[str | None] = _Question(
+    "warcore_step_event_owner",
+    lambda v: v in EVENT_OWNERS,
+    " or ".join(repr(o) for o in EVENT_OWNERS),
+    None,
+    "no event owner (coarse fence)",
+    lambda _: (None, "no owner (coarse)"),
+)
+
+
 def _declared(
     pm: WarcorePluginManager,
-    backend: str | AttentionBackend,
     name: str,
     mode: ForwardMode,
     ctx: BoundaryContext,
@@ -255,58 +372,48 @@ def _declared(
     """One backend's own declaration (a wrapper's own, without its children)."""
     eager_only = eager and mode in CAPTURED_MODES
     kwargs = {"backend": name, "forward_mode": mode, "context": ctx, "eager": eager}
-    accept = lambda v: isinstance(v, SharedReadBoundary | Declared)  # noqa: E731
-    expected = "SharedReadBoundary or Declared"
-    hook = "warcore_shared_read_boundary"
-    if not eager_only:
-        answers, failures = _ask(pm, hook, kwargs, accept, expected)
-    else:
-        answers, failures = _ask(pm, hook, kwargs, accept, expected, taking_eager=True)
+    answers, failures = _poll(pm, _BOUNDARY, kwargs, True if eager_only else None)
+    if eager_only:
         # A graph-only declaration says nothing about the eager body, except that an UNKNOWN
         # (not audited) or a failure is never overruled by someone else's eager claim.
-        graph_answers, graph_failures = _ask(pm, hook, kwargs, accept, expected, taking_eager=False)
-        answers += [(p, v) for p, v in graph_answers if _boundary_of(v) is UNKNOWN]
+        graph, graph_failures = _poll(pm, _BOUNDARY, kwargs, False)
+        answers += [(p, v) for p, v in graph if _boundary_of(v) is UNKNOWN]
         failures += graph_failures
     where = f"backend {name!r}, mode {mode.name}, algorithm {ctx.algorithm!r}" + (
         " (eager)" if eager_only else ""
     )
     answers, stale = _drop_stale(pm, answers, where)
-    values = [v for _, v in answers]
-    if failures:
-        boundary, source = SharedReadBoundary.UNKNOWN, f"default:failed:{failures[0].plugin}"
-        _log_failures(pm, failures, where, "treated as UNKNOWN (coarse fence)")
-    elif stale:
-        boundary, source = SharedReadBoundary.UNKNOWN, stale[0]
-    elif len(set(values)) > 1:
-        boundary, source = latest(values), "default:conflict"
-        who = ", ".join(f"{p}={v.name}" for p, v in answers)
-        pm.log_once(
-            ("conflict", name, mode, ctx, eager_only),
-            logging.WARNING,
-            f"plugins disagree on {where}: {who}; using the latest, {boundary.name}",
-        )
-    elif values:
-        boundary, source = values[0], _source_of_answers([p for p, _ in answers])
-    elif eager_only:
-        graph = _declared(pm, backend, name, mode, ctx, False, wrapper=wrapper)
-        # A declaration is audited for the captured graph; the eager body may read later.
-        if graph.boundary is SharedReadBoundary.UNKNOWN:
-            boundary, source = SharedReadBoundary.UNKNOWN, graph.source
-        else:
-            boundary, source = SharedReadBoundary.POST_REPLAY, "default:eager"
-    elif not wrapper and (declarer := _contract_declarer(pm, name, mode)) is not None:
-        boundary, source = SharedReadBoundary.IN_REPLAY, f"contract:{declarer}"
-    else:
-        boundary, source = SharedReadBoundary.UNKNOWN, "default:no-answer"
-        pm.log_once(
-            ("no-answer", name, mode, ctx, eager_only),
-            logging.DEBUG,
-            f"no plugin declares {where}: UNKNOWN (coarse fence)",
-        )
+    key = ("conflict", name, mode, ctx, eager_only)
+    decided = _vote(pm, _BOUNDARY, answers, failures, where, key, stale=stale)
+    boundary, source = decided or _undeclared(pm, name, mode, ctx, eager_only, wrapper, where)
     return BoundaryResolution(name, mode, ctx, boundary, source, tuple(answers), tuple(failures))
 
 
-UNKNOWN = SharedReadBoundary.UNKNOWN
+def _undeclared(
+    pm: WarcorePluginManager,
+    name: str,
+    mode: ForwardMode,
+    ctx: BoundaryContext,
+    eager_only: bool,
+    wrapper: bool,
+    where: str,
+) -> tuple[SharedReadBoundary, str]:
+    """Nobody declares: an eager forward takes its graph's (never earlier than after the
+    whole forward), a contract-following backend's spec says ``IN_REPLAY``, else ``UNKNOWN``."""
+    if eager_only:
+        graph = _declared(pm, name, mode, ctx, False, wrapper=wrapper)
+        # A declaration is audited for the captured graph; the eager body may read later.
+        if graph.boundary is UNKNOWN:
+            return UNKNOWN, graph.source
+        return SharedReadBoundary.POST_REPLAY, "default:eager"
+    if not wrapper and (declarer := _contract_declarer(pm, name, mode)) is not None:
+        return SharedReadBoundary.IN_REPLAY, f"contract:{declarer}"
+    pm.log_once(
+        ("no-answer", name, mode, ctx, eager_only),
+        logging.DEBUG,
+        f"no plugin declares {where}: UNKNOWN (coarse fence)",
+    )
+    return UNKNOWN, "default:no-answer"
 
 
 def _boundary_of(value: SharedReadBoundary | Declared) -> SharedReadBoundary:
@@ -314,7 +421,7 @@ def _boundary_of(value: SharedReadBoundary | Declared) -> SharedReadBoundary:
 
 
 def _drop_stale(
-    pm: WarcorePluginManager, answers: list[tuple[str, Any]], where: str
+    pm: WarcorePluginManager, answers: Answers, where: str
 ) -> tuple[list[tuple[str, SharedReadBoundary]], list[str]]:
     """Unwrap :class:`Declared` answers; those outside their implementation range are stale."""
     kept: list[tuple[str, SharedReadBoundary]] = []
@@ -336,6 +443,68 @@ def _drop_stale(
     return kept, stale
 
 
+def _backend_identity(
+    pm: WarcorePluginManager, backend: str | Backend, mode: ForwardMode, ctx: BoundaryContext
+) -> tuple[str, tuple[Any, ...], PluginFailure | None, str]:
+    """The backend's name, the children whose shared reads run in ``mode``, the failure of a
+    wrapper's ``children_for`` (a raise, or a child that is neither a backend name nor a
+    backend), and who answers for that code: the plugin offering the spec for a name,
+    ``backend:<name>`` for a built backend's own method."""
+    name, owner, ask = _children_asker(pm, backend, mode, ctx)
+    if ask is None:
+        return name, (), None, owner
+    try:
+        answer = pm.call_as(owner, "children_for", ask)
+        if isinstance(answer, str):
+            raise TypeError(f"returned the string {answer!r}, not a sequence of backend names")
+        children = tuple(answer)
+    except Exception as exc:
+        return name, (), PluginFailure(owner, "children_for", f"{type(exc).__name__}: {exc}"), owner
+    for child in children:
+        if not isinstance(child, str) and not isinstance(getattr(child, "name", None), str):
+            error = (
+                f"named {child!r} ({type(child).__name__}) as a child of {name!r}: not a "
+                "backend name or a backend"
+            )
+            return name, (), PluginFailure(owner, "children_for", error), owner
+    return name, children, None, owner
+
+
+def _children_asker(
+    pm: WarcorePluginManager, backend: str | Backend, mode: ForwardMode, ctx: BoundaryContext
+) -> tuple[str, str, Callable[[], Any] | None]:
+    """(name, owner, the call naming its children, or ``None`` for a plain backend)."""
+    if isinstance(backend, str):
+        offer = get_registry(pm).backends.get(backend)
+        compose = offer.spec.children_for if offer is not None else None
+        if offer is None or compose is None:
+            return backend, f"backend:{backend}", None
+        return backend, offer.plugin, lambda: compose(mode, ctx)
+    found = getattr(backend, "name", None)
+    if not isinstance(found, str):
+        raise TypeError(f"backend {backend!r} has no string 'name'")
+    children_for = getattr(backend, "children_for", None)
+    legacy = getattr(backend, "children", None)
+    if callable(children_for):
+        return found, f"backend:{found}", lambda: children_for(mode, ctx)
+    return found, f"backend:{found}", legacy if callable(legacy) else None
+
+
+def _contract_declarer(pm: WarcorePluginManager, name: str, mode: ForwardMode) -> str | None:
+    """The plugin whose :class:`BackendSpec` for ``name`` declares that the backend follows
+    the metadata contract in ``mode`` (``BackendSpec.follows_contract``); ``None``: nobody
+    does, and being an ``AttentionBackend`` is no declaration (sglang #37936)."""
+    if mode not in CONTRACT_MODES:
+        return None
+    offer = get_registry(pm).backends.get(name)
+    if offer is None or mode not in offer.spec.follows_contract:
+        return None
+    return offer.plugin
+
+
+# -- the publish phase, the vetoes, the event owner ---------------------------------------------
+
+
 def resolve_war_publish_phase(
     algorithm: str,
     forward_mode: ForwardMode | str,
@@ -355,41 +524,23 @@ def resolve_war_publish_phase(
     mode = ForwardMode.parse(forward_mode)
     if pm.config.force_coarse:
         return PublishResolution(algorithm, mode, False, "forced-coarse")
-    answers, failures = _ask(
-        pm,
-        "warcore_is_war_publish_phase",
-        {"algorithm": algorithm, "forward_mode": mode},
-        lambda v: isinstance(v, bool),
-        "bool",
-    )
+    answers, failures = _poll(pm, _PUBLISH, {"algorithm": algorithm, "forward_mode": mode})
     stepped = _declared_step(pm, algorithm)
     if stepped is not None:
         answers += _step_answer(answers, stepped[1], mode in stepped[0].publish_modes)
-    values = {v for _, v in answers}
     where = f"algorithm {algorithm!r}, mode {mode.name}"
-    if failures:
-        publishes, source = False, f"default:failed:{failures[0].plugin}"
-        _log_failures(pm, failures, where, "not publishing (coarse fence)")
-    elif len(values) > 1:
-        publishes, source = False, "default:conflict"
-        who = ", ".join(f"{p}={v}" for p, v in answers)
-        pm.log_once(
-            ("conflict", algorithm, mode),
-            logging.WARNING,
-            f"plugins disagree on {where}: {who}; not publishing (coarse fence)",
+    decided = _vote(pm, _PUBLISH, answers, failures, where, ("conflict", algorithm, mode))
+    if decided is None:  # nobody answers: an algorithm that declares its step answers from it
+        decided = (
+            (False, "default:no-answer")
+            if stepped is None
+            else (mode in stepped[0].publish_modes, f"step:{stepped[1]}")
         )
-    elif values:
-        publishes, source = values.pop(), _source_of_answers(_hook_answerers(answers))
-    else:
-        # Nobody answers: an algorithm that declares its step answers from it (issue 14).
-        if stepped is None:
-            publishes, source = False, "default:no-answer"
-        else:
-            publishes, source = mode in stepped[0].publish_modes, f"step:{stepped[1]}"
+    publishes, source = decided
     return PublishResolution(algorithm, mode, publishes, source, tuple(answers), tuple(failures))
 
 
-def _step_answer(answers: list[tuple[str, Any]], definer: str, says: Any) -> list[tuple[str, Any]]:
+def _step_answer(answers: Answers, definer: str, says: Any) -> Answers:
     """What the algorithm's own step says, as an answer of the plugin that defines it, where
     other plugins answer a hook about the algorithm and its definer's hook does not: another
     plugin's answer never overrides the algorithm's own, it conflicts with it (issue 17)."""
@@ -398,40 +549,12 @@ def _step_answer(answers: list[tuple[str, Any]], definer: str, says: Any) -> lis
     return [(f"step:{definer}", says)]
 
 
-def _hook_answerers(answers: list[tuple[str, Any]]) -> list[str]:
-    """The plugins that answered a hook (a step that agrees with them is not one)."""
-    return [p for p, _ in answers if not p.startswith("step:")]
-
-
 def _declared_step(pm: WarcorePluginManager, algorithm: str) -> tuple[StepSpec, str] | None:
     """The step ``algorithm``'s :class:`AlgorithmSpec` declares, and the plugin offering it."""
     offer = get_registry(pm).algorithms.get(algorithm)
     if offer is None or offer.spec.step is None:
         return None
     return offer.spec.step, offer.plugin
-
-
-@dataclass(frozen=True)
-class VetoResolution:
-    """Whether anyone vetoes the fine fence for (mode, context), who and why."""
-
-    forward_mode: ForwardMode
-    context: BoundaryContext
-    vetoes: tuple[tuple[str, str], ...] = ()
-    """(plugin, reason) of every veto, failures included."""
-    failures: tuple[PluginFailure, ...] = ()
-
-    @property
-    def vetoed(self) -> bool:
-        return bool(self.vetoes)
-
-    @property
-    def source(self) -> str:
-        """``veto:<plugin>: <reason>`` of the first veto; empty when nobody vetoes."""
-        if not self.vetoes:
-            return ""
-        plugin, reason = self.vetoes[0]
-        return f"veto:{plugin}: {reason}"
 
 
 def resolve_fast_path_veto(
@@ -449,31 +572,14 @@ def resolve_fast_path_veto(
     ctx = context if context is not None else BoundaryContext()
     vetoes: list[tuple[str, str]] = []
     if mode is ForwardMode.EXTEND and not pm.config.prefill_fast_path:
-        vetoes.append((BUILTIN, f"the prefill fast path is switched off ({ENV_PREFILL})"))
-    answers, failures = _ask(
-        pm,
-        "warcore_fast_path_veto",
-        {"forward_mode": mode, "context": ctx},
-        lambda v: isinstance(v, str) and bool(v.strip()),
-        "a non-empty reason string",
-    )
+        why = f"the prefill fast path is switched off ({ENV_PREFILL_FAST_PATH})"
+        vetoes.append((BUILTIN_PLUGIN_NAME, why))
+    answers, failures = _poll(pm, _VETO, {"forward_mode": mode, "context": ctx})
+    # Not a vote: every answer is a veto, and so is every failure.
     vetoes.extend(answers)
     vetoes.extend((f"failed:{f.plugin}", f.error) for f in failures)
-    _log_failures(pm, failures, f"mode {mode.name}", "counted as a veto (coarse fence)")
+    _log_failures(pm, failures, f"mode {mode.name}", _VETO.failed)
     return VetoResolution(mode, ctx, tuple(vetoes), tuple(failures))
-
-
-@dataclass(frozen=True)
-class OwnerResolution:
-    """Which runner owns the step's read-done event for (algorithm, facts); ``None``: no owner
-    (the barrier keeps the coarse fence)."""
-
-    algorithm: str
-    facts: StepFacts
-    owner: str | None
-    source: str
-    answers: tuple[tuple[str, str], ...] = ()
-    failures: tuple[PluginFailure, ...] = ()
 
 
 def resolve_step_event_owner(
@@ -490,94 +596,22 @@ def resolve_step_event_owner(
     facts = facts if facts is not None else StepFacts()
     if not isinstance(facts, StepFacts):
         raise TypeError(f"facts must be a warcore.StepFacts, got {facts!r}")
-    answers, failures = _ask(
-        pm,
-        "warcore_step_event_owner",
-        {"algorithm": algorithm, "facts": facts},
-        lambda v: v in EVENT_OWNERS,
-        " or ".join(repr(o) for o in EVENT_OWNERS),
-    )
+    answers, failures = _poll(pm, _OWNER, {"algorithm": algorithm, "facts": facts})
     stepped = _declared_step(pm, algorithm)  # the step's last reader's runner (issue 14)
     if stepped is not None:
         answers += _step_answer(answers, stepped[1], stepped[0].owner)
-    values = {v for _, v in answers}
-    owner: str | None
-    if failures:
-        owner, source = None, f"default:failed:{failures[0].plugin}"
-        _log_failures(pm, failures, f"algorithm {algorithm!r}", "no event owner (coarse fence)")
-    elif len(values) > 1:
-        owner, source = None, "default:conflict"
-        who = ", ".join(f"{p}={v}" for p, v in answers)
-        pm.log_once(
-            ("owner-conflict", algorithm, facts),
-            logging.WARNING,
-            f"plugins disagree on the event owner of {algorithm!r}: {who}; no owner (coarse)",
-        )
-    elif values:
-        owner, source = values.pop(), _source_of_answers(_hook_answerers(answers))
-    else:
-        if stepped is None:
-            owner, source = "target", "default:target"
-        else:
-            owner, source = stepped[0].owner, f"step:{stepped[1]}"
+    key = ("owner-conflict", algorithm, facts)
+    decided = _vote(
+        pm,
+        _OWNER,
+        answers,
+        failures,
+        f"algorithm {algorithm!r}",
+        key,
+        disagree_on=f"the event owner of {algorithm!r}",
+    )
+    if decided is None:
+        step_owner = None if stepped is None else (stepped[0].owner, f"step:{stepped[1]}")
+        decided = step_owner or ("target", "default:target")
+    owner, source = decided
     return OwnerResolution(algorithm, facts, owner, source, tuple(answers), tuple(failures))
-
-
-def _backend_identity(
-    pm: WarcorePluginManager,
-    backend: str | AttentionBackend,
-    mode: ForwardMode,
-    ctx: BoundaryContext,
-) -> tuple[str, tuple[Any, ...], PluginFailure | None, str]:
-    """The backend's name, the children whose shared reads run in ``mode``, the failure of a
-    wrapper's ``children_for`` (a raise, or a child that is neither a backend name nor a
-    backend), and who answers for that code: the plugin offering the spec for a name,
-    ``backend:<name>`` for a built backend's own method."""
-    if isinstance(backend, str):
-        name = backend
-        offer = get_registry(pm).backends.get(backend)
-        compose = offer.spec.children_for if offer is not None else None
-        if offer is None or compose is None:
-            return name, (), None, f"backend:{name}"
-        owner = offer.plugin
-        ask: Callable[[], Any] = lambda: compose(mode, ctx)  # noqa: E731
-    else:
-        found = getattr(backend, "name", None)
-        if not isinstance(found, str):
-            raise TypeError(f"backend {backend!r} has no string 'name'")
-        name, owner = found, f"backend:{found}"
-        children_for = getattr(backend, "children_for", None)
-        legacy = getattr(backend, "children", None)
-        if callable(children_for):
-            ask = lambda: children_for(mode, ctx)  # noqa: E731
-        elif callable(legacy):
-            ask = legacy
-        else:
-            return name, (), None, owner
-    try:
-        answer = pm.call_as(owner, "children_for", ask)
-        if isinstance(answer, str):
-            raise TypeError(f"returned the string {answer!r}, not a sequence of backend names")
-        children = tuple(answer)
-    except Exception as exc:
-        return name, (), PluginFailure(owner, "children_for", f"{type(exc).__name__}: {exc}"), owner
-    for child in children:
-        if not isinstance(child, str) and not isinstance(getattr(child, "name", None), str):
-            error = (
-                f"named {child!r} ({type(child).__name__}) as a child of {name!r}: not a "
-                "backend name or a backend"
-            )
-            return name, (), PluginFailure(owner, "children_for", error), owner
-    return name, children, None, owner
-
-
-def _contract_declarer(pm: WarcorePluginManager, name: str, mode: ForwardMode) -> str | None:
-    """The plugin whose :class:`BackendSpec` for ``name`` declares that the backend follows
-    the metadata contract in ``mode`` (``BackendSpec.follows_contract``); ``None``: nobody
-    does, and being an ``AttentionBackend`` is no declaration (sglang #37936)."""
-    if mode not in CONTRACT_MODES:
-        return None
-    offer = get_registry(pm).backends.get(name)
-    if offer is None or mode not in offer.spec.follows_contract:
-        return None
-    return offer.plugin

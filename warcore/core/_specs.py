@@ -6,40 +6,38 @@ import re
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from ._modes import CONTRACT_MODES, ForwardMode
 from ._steps import StepSpec
-
-if TYPE_CHECKING:
-    from warcore.attention import AttentionBackend
 
 __all__ = [
     "CORE_FLAGS",
     "EVENT_OWNERS",
     "FlagSpec",
-    "OFFLOAD_FLAGS",
     "AlgorithmSpec",
+    "Backend",
     "BackendSpec",
     "BoundaryContext",
     "StepFacts",
     "FlagValue",
-    "KNOWN_FAMILIES",
     "NCCL_ALLGATHER_IN_OVERLAP",
     "validate_name",
 ]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
-KNOWN_FAMILIES = ("none", "eagle", "dflash")
-"""Families the reference engine knows how to run (which forwards a step consists of)."""
-
 NCCL_ALLGATHER_IN_OVERLAP = "nccl_allgather_in_overlap"
 """Context flag: an NCCL all-gather syncs the batch inside the overlap loop (trtllm_mha)."""
 
-OFFLOAD_FLAGS = ("hicache", "hicache_storage", "lmcache")
-"""Context flags for host/storage KV offload (sglang's hierarchical cache, its storage backend,
-LMCache): each one vetoes the prefill fast path (a built-in veto)."""
+
+class Backend(Protocol):
+    """What the core asks of a built attention backend (a
+    :class:`warcore.attention.AttentionBackend`): its stable ``name``; a wrapper also answers
+    ``children_for(forward_mode, context)``, looked up when it is resolved."""
+
+    @property
+    def name(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ class BackendSpec:
     reference engine calls it with four keyword arguments, once per model runner (the target's,
     and the draft model's when the algorithm has one):
 
-    * ``pool``: the runner's :class:`~warcore.engine.kv_pool.KVPool`: the scheduler-shared
+    * ``pool``: the runner's :class:`~warcore.batch.KVPool`: the scheduler-shared
       tables (``req_to_token``, ``full_to_swa_index_mapping``) and this model's K/V;
     * ``max_bs``: the most requests one forward holds (size per-request static buffers by it);
     * ``capacity``: the most query tokens one forward holds (size per-token buffers by it);
@@ -109,7 +107,7 @@ class BackendSpec:
     """
 
     name: str
-    factory: Callable[..., AttentionBackend]
+    factory: Callable[..., Backend]
     description: str = ""
     children_for: Callable[[Any, BoundaryContext], Sequence[str]] | None = None
     """A wrapper backend: ``children_for(forward_mode, context)`` names the backends whose
@@ -311,6 +309,8 @@ CORE_FLAGS: dict[str, FlagSpec] = {
             "an NCCL all-gather syncs the batch inside the overlap loop (read by trtllm_mha's "
             "draft-extend declaration)",
         ),
+        # Host/storage KV offload (sglang's hierarchical cache, its storage backend, LMCache):
+        # each one vetoes the prefill fast path (the built-in plugin's veto).
         FlagSpec("hicache", bool, False, "hierarchical KV cache on: vetoes the prefill fast path"),
         FlagSpec(
             "hicache_storage", bool, False, "hierarchical cache storage backend on: vetoes prefill"

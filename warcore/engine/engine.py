@@ -32,11 +32,9 @@ from warcore.core import (
     RecordPoint,
     StepSpec,
     WarcorePluginManager,
-    engine_problem,
     get_decision_cache,
     get_plugin_manager,
     get_registry,
-    step_of,
 )
 from warcore.device import Device, DeviceError, get_device
 from warcore.engine.config import EngineConfig
@@ -47,6 +45,7 @@ from warcore.engine.report import RunReport
 from warcore.engine.requests import Request
 from warcore.engine.scheduler import Scheduled, Scheduler
 from warcore.engine.spec import StepWorker, Worker, build_drafter
+from warcore.engine.steps import engine_problem, step_of
 from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
 __all__ = ["Engine", "EngineFailed"]

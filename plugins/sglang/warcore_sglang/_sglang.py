@@ -29,7 +29,7 @@ from typing import Any
 from packaging.requirements import Requirement
 
 from warcore import BoundaryContext, ForwardMode, SharedReadBoundary, StepFacts
-from warcore.core._specs import validate_name
+from warcore.core import validate_name
 
 from . import _names
 from ._names import (

@@ -158,7 +158,7 @@ def _pm() -> WarcorePluginManager:
         with _lock:
             if state.pm is not pm:
                 with contextlib.suppress(ValueError, AttributeError):
-                    state.pm._listeners.remove(_on_change)
+                    state.pm.remove_change_listener(_on_change)
                 state.pm = pm
                 state.plugin_names = _sglang_plugin_names(pm)
                 pm.add_change_listener(_on_change)
@@ -927,7 +927,7 @@ def _restore(state: _State) -> None:
             setattr(patch.owner, patch.attr, patch.original)
     state.patches.clear()
     with contextlib.suppress(ValueError, AttributeError):
-        state.pm._listeners.remove(_on_change)
+        state.pm.remove_change_listener(_on_change)
 
 
 def uninstall() -> None:

@@ -78,7 +78,7 @@ from warcore import (
     ForwardMode,
     StepFacts,
 )
-from warcore.core._specs import validate_name
+from warcore.core import validate_name
 
 from ._names import BASE, FLAG_SPECS, LEAVES, PREFIX, WRAPPERS
 

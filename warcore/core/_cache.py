@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from ._boundary import Execution, RecordPoint, SharedReadBoundary
-from ._decisions import decode_record_point, draft_extend_record_point, prefill_record_point
+from ._decisions import RunnerKind
+from ._decisions import record_point as point_for
 from ._manager import WarcorePluginManager, get_plugin_manager
 from ._modes import ForwardMode
 from ._resolve import (
@@ -25,10 +25,7 @@ from ._resolve import (
     resolve_step_event_owner,
     resolve_war_publish_phase,
 )
-from ._specs import BoundaryContext, StepFacts
-
-if TYPE_CHECKING:
-    from warcore.attention import AttentionBackend
+from ._specs import Backend, BoundaryContext, StepFacts
 
 __all__ = [
     "MAX_RESOLUTIONS",
@@ -36,10 +33,8 @@ __all__ = [
     "Decision",
     "DecisionCache",
     "DecisionKey",
-    "RunnerKind",
     "decide",
     "get_decision_cache",
-    "runner_kind_for",
 ]
 
 
@@ -56,36 +51,7 @@ MAX_RESOLUTIONS = 64
 threads too), before the cache gives up the same way."""
 
 
-class RunnerKind(enum.Enum):
-    DECODE = "decode"
-    """Decode CUDA-graph runner: ``DECODE`` and ``TARGET_VERIFY``."""
-    DRAFT_EXTEND = "draft_extend"
-    """EAGLE draft-extend runner: ``DRAFT_EXTEND_V2``."""
-    PREFILL = "prefill"
-    """Prefill runner: ``EXTEND``."""
-    DRAFT_DECODE = "draft_decode"
-    """A draft model's decode steps: publish only when the algorithm's publish phase is
-    ``DECODE`` (a step whose draft decodes are its last reader); EAGLE's never do, its
-    draft-extend after verify reads later."""
-
-    # Identity hash (members are singletons): Enum's own __hash__ is a Python-level call, and
-    # members key the per-replay decision lookup, where it cost ~0.1 µs per member.
-    __hash__ = object.__hash__
-
-
-def runner_kind_for(forward_mode: ForwardMode, *, draft: bool = False) -> RunnerKind:
-    """The runner that executes ``forward_mode`` (modes no runner publishes for go to DECODE,
-    whose decision is then ``RecordPoint.NONE``); ``draft`` for a draft model's runner."""
-    if draft and forward_mode is ForwardMode.DECODE:
-        return RunnerKind.DRAFT_DECODE
-    if forward_mode is ForwardMode.EXTEND:
-        return RunnerKind.PREFILL
-    if forward_mode is ForwardMode.DRAFT_EXTEND_V2:
-        return RunnerKind.DRAFT_EXTEND
-    return RunnerKind.DECODE
-
-
-DecisionKey = tuple[RunnerKind, "str | AttentionBackend", ForwardMode, BoundaryContext, Execution]
+DecisionKey = tuple[RunnerKind, "str | Backend", ForwardMode, BoundaryContext, Execution]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,29 +97,22 @@ class Decision:
 def decide(
     pm: WarcorePluginManager,
     kind: RunnerKind,
-    backend: str | AttentionBackend,
+    backend: str | Backend,
     forward_mode: ForwardMode,
     context: BoundaryContext,
     execution: Execution,
 ) -> Decision:
+    """``kind``'s decision for one forward, resolved now through ``pm``'s plugins (a
+    :class:`DecisionCache` resolves each key once with this)."""
     eager = execution is Execution.EAGER
     declared = resolve_shared_read_boundary(backend, forward_mode, context, eager=eager, pm=pm)
     publish = resolve_war_publish_phase(context.algorithm, forward_mode, pm=pm)
     veto = resolve_fast_path_veto(forward_mode, context, pm=pm)
-    if veto.vetoed:
-        point = RecordPoint.NONE
-    elif kind in (RunnerKind.DECODE, RunnerKind.DRAFT_DECODE):
-        # A draft decode publishes only where its algorithm's step says it is the last reader
-        # (issue 14: steps as data); EAGLE's never is, its draft-extend reads later.
-        point = decode_record_point(forward_mode, declared.boundary, publish.publishes, execution)
-    elif kind is RunnerKind.DRAFT_EXTEND:
-        point = draft_extend_record_point(
-            forward_mode, declared.boundary, publish.publishes, execution
-        )
-    elif kind is RunnerKind.PREFILL:
-        point = prefill_record_point(forward_mode, declared.boundary, publish.publishes)
-    else:
-        point = RecordPoint.NONE
+    point = (
+        RecordPoint.NONE
+        if veto.vetoed
+        else point_for(kind, forward_mode, declared.boundary, publish.publishes, execution)
+    )
     return Decision(point, declared, publish, kind, veto)
 
 
@@ -279,7 +238,7 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
                     del self._keys[handle], self._handles[key]
 
 
-def _backend_name(backend: str | AttentionBackend) -> str:
+def _backend_name(backend: str | Backend) -> str:
     return backend if isinstance(backend, str) else str(getattr(backend, "name", backend))
 
 

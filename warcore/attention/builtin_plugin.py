@@ -1,5 +1,5 @@
-"""The core's own plugin: the ``torch_native`` and ``flashinfer`` backends, ``none`` and ``eagle``,
-and the core's vetoes.
+"""The attention backends the core's own plugin (``warcore``) offers, and their declarations:
+``torch_native``, the wrappers ``hybrid`` and ``layer_hybrid``, and ``flashinfer``.
 
 ``torch_native`` follows the metadata contract (its in-graph init gathers the batch's rows of
 the page table into private buffers, and its layers read only those), and its spec says so:
@@ -12,6 +12,9 @@ eager path runs the same two halves as its graph (the runner calls them in order
 separate eager body), so its eager decode, verify and draft-extend are declared ``IN_REPLAY``
 too. These are warcore's own audits of its reference backend, shown by ``warcore sanitize``;
 sglang 0.5.23 declares ``UNKNOWN`` for draft-extend and publishes nothing for eager forwards.
+
+Registered as part of :mod:`warcore.engine.builtin_plugin`. Imports no backend class (nor
+torch) until a backend is built.
 """
 
 from __future__ import annotations
@@ -20,27 +23,19 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-from ._boundary import SharedReadBoundary
-from ._hookspecs import hookimpl
-from ._modes import CONTRACT_MODES, ForwardMode
-from ._specs import OFFLOAD_FLAGS, AlgorithmSpec, BackendSpec, BoundaryContext, StepFacts
-from ._steps import EAGLE_STEP, NONE_STEP
+from warcore.core import (
+    CONTRACT_MODES,
+    BackendSpec,
+    BoundaryContext,
+    ForwardMode,
+    SharedReadBoundary,
+    hookimpl,
+)
 
-_PUBLISH_PHASES = {
-    "none": frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}),
-    "eagle": frozenset({ForwardMode.DRAFT_EXTEND_V2}),
-}
-"""What the steps ``NONE_STEP`` and ``EAGLE_STEP`` say (``warcore check`` compares them); the
-hooks answer too, for sglang's facts the steps do not cover (EAGLE's owner on a rank without
-a draft model, or with its draft-extend staged)."""
+__all__ = ["warcore_attention_backends", "warcore_shared_read_boundary"]
 
 _TORCH_NATIVE_EAGER = frozenset(
     {ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
-)
-
-_OFFLOAD_REASON = (
-    "host/storage KV offload ({flag}) copies a stashed chunk's KV ordered only behind the "
-    "schedule stream: prefill needs the whole-forward barrier"
 )
 
 
@@ -80,12 +75,6 @@ def _flashinfer(**kwargs: Any) -> Any:
     return FlashInferBackend(**kwargs)
 
 
-def _eagle_drafter(target: Any, num_draft: int, device: Any) -> Any:
-    from warcore.engine.model import DraftLlama
-
-    return DraftLlama(target.cfg, device)
-
-
 @hookimpl
 def warcore_attention_backends() -> Iterable[BackendSpec]:
     specs = [
@@ -122,27 +111,6 @@ def warcore_attention_backends() -> Iterable[BackendSpec]:
 
 
 @hookimpl
-def warcore_speculative_algorithms() -> Iterable[AlgorithmSpec]:
-    return [
-        AlgorithmSpec("none", "none", "no speculative decoding", step=NONE_STEP),
-        AlgorithmSpec(
-            "eagle",
-            "eagle",
-            "autoregressive drafter; draft-extend after verify",
-            drafter=_eagle_drafter,
-            step=EAGLE_STEP,
-            models="sglang_eagle",
-        ),
-    ]
-
-
-@hookimpl
-def warcore_is_war_publish_phase(algorithm: str, forward_mode: ForwardMode) -> bool | None:
-    phases = _PUBLISH_PHASES.get(algorithm)
-    return None if phases is None else forward_mode in phases
-
-
-@hookimpl
 def warcore_shared_read_boundary(
     backend: str, forward_mode: ForwardMode, context: BoundaryContext, eager: bool
 ) -> SharedReadBoundary | None:
@@ -153,27 +121,3 @@ def warcore_shared_read_boundary(
     if eager and forward_mode in _TORCH_NATIVE_EAGER:
         return SharedReadBoundary.IN_REPLAY
     return None  # a captured decode and verify: the contract its spec declares
-
-
-@hookimpl
-def warcore_fast_path_veto(forward_mode: ForwardMode, context: BoundaryContext) -> str | None:
-    if forward_mode is not ForwardMode.EXTEND:
-        return None
-    # The core's flags hicache, hicache_storage, lmcache (CORE_FLAGS: bool, default False;
-    # README "Engine flags"): host/storage KV offload on.
-    for flag in OFFLOAD_FLAGS:
-        if context.flag(flag):
-            return _OFFLOAD_REASON.format(flag=flag)
-    return None
-
-
-@hookimpl
-def warcore_step_event_owner(algorithm: str, facts: StepFacts) -> str | None:
-    if algorithm == "none":
-        return "target"
-    if algorithm == "eagle":
-        # The draft-extend after verify is the last reader, unless this rank holds no draft
-        # model (a non-last pipeline rank) or the draft-extend is staged for the next step.
-        staged = facts.draft_extend_staged or not facts.has_draft_model
-        return "target" if staged else "draft"
-    return None
