@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from warcore.batch import StepInput
 from warcore.core import ForwardMode
-from warcore.runners._runner import ForwardProbe
-from warcore.runners._runner import ModelRunner, StepOutput
+from warcore.runners._runner import ForwardProbe, ModelRunner, StepOutput
 from warcore.runners.eager import EagerRunner
 from warcore.runners.graph import GraphRunner, default_buckets
 
