@@ -9,10 +9,10 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from _fake_dists import run_warcore
+from _support import ROOT
+from _support.fake_dists import run_warcore
 
 from warcore import cli
 
@@ -139,7 +139,7 @@ def test_every_numeric_option_has_a_limit_refused_while_parsing(
 
 def _readme_limits() -> dict[tuple[str, str], str]:
     """(command, option) -> range, from the README's table of numeric limits."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table: dict[tuple[str, str], str] = {}
     for line in readme.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

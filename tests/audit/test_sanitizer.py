@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from _audit_util import (
+from _support.audit import (
     TINY_MODEL,
     HiddenLateReader,
     OneElementLateReader,

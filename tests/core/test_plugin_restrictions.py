@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fake_dists import DECLARES, REAL_PLUGINS, FakeDists, fake_dists, marks, run_warcore
+from _support import ROOT
+from _support.fake_dists import DECLARES, REAL_PLUGINS, FakeDists, fake_dists, marks, run_warcore
 
 import warcore
 from warcore.core import (
@@ -431,7 +432,7 @@ def test_load_time_is_measured_and_a_slow_plugin_is_warned_about(
 
 
 def test_the_slow_plugin_threshold_is_documented() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert manager_module.SLOW_PLUGIN_SECONDS == 1.0
     assert "SLOW_PLUGIN_SECONDS" in readme and "1 s" in readme
 
@@ -617,7 +618,7 @@ def test_check_prints_grouped_lines_and_no_per_cell_warnings(fake: FakeDists) ->
 
 
 def test_readme_states_the_matching_rule_and_what_commands_do() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## What code warcore loads", 1)[1].split("\n## ", 1)[0]
     for phrase in ("DIST:EP", "exactly one", "bench startup", "never imported", "registered_by"):
         assert phrase in section, phrase

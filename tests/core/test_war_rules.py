@@ -12,7 +12,7 @@ import importlib.metadata as md
 from typing import Any
 
 import pytest
-from _audit_util import TINY_MODEL
+from _support.audit import TINY_MODEL
 
 from warcore import (
     BoundaryContext,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _audit_util import (
+from _support.audit import (
     TINY_MODEL,
     HiddenLateReader,
     OneElementLateReader,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from _fake_dists import FakeDists, fake_dists, run_warcore
+from _support.fake_dists import FakeDists, fake_dists, run_warcore
 
 from warcore import (
     BoundaryContext,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from _audit_util import TINY_MODEL, PeekingAlgorithm
+from _support import ROOT
+from _support.audit import TINY_MODEL, PeekingAlgorithm
 
 import warcore
 from warcore import AlgorithmSpec, ForwardMode, Phase, SharedReadBoundary, StepSpec, cli
@@ -24,7 +24,7 @@ from warcore.testing import (
 )
 
 SMALL: dict[str, Any] = {"requests": 3, "max_running": 2, "model": TINY_MODEL}
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = ROOT / "README.md"
 
 
 def _readme_verdicts() -> list[str]:

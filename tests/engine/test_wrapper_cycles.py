@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fake_dists import FakeDists, fake_dists, run_warcore
+from _support.fake_dists import FakeDists, fake_dists, run_warcore
 
 from warcore import (
     BackendSpec,

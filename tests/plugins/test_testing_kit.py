@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _audit_util import TINY_MODEL
+from _support.audit import TINY_MODEL
 
 import warcore
 from warcore import ForwardMode, SharedReadBoundary

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _fake_dists import (
+from _support.fake_dists import (
     DECLARES,
     RAISES_ON_IMPORT,
     REAL_PLUGINS,

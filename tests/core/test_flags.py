@@ -9,9 +9,9 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from _support import ROOT
 
 import warcore
 from warcore import cli
@@ -243,7 +243,7 @@ def test_the_engine_accepts_a_plugins_own_flags() -> None:
 
 
 def test_the_readme_documents_every_core_flag_in_a_table() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     row = re.compile(r"^\| `([a-z_]+)` \| (?:bool|int|str) \|", re.M)
     rows = {m.group(1) for m in row.finditer(readme)}
     assert set(CORE_FLAGS) <= rows, set(CORE_FLAGS) - rows

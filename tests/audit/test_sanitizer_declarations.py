@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _audit_util import TINY_MODEL, backend_class
+from _support.audit import TINY_MODEL, backend_class
 
 from warcore import ForwardMode, SharedReadBoundary
 from warcore.audit.sanitizer import sanitize

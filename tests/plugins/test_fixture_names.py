@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 PREFIX = "wctest_"
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 OURS = frozenset(
     {

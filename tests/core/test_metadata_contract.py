@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import torch
-from _audit_util import TINY_MODEL
-from _fake_dists import FakeDists, fake_dists, run_warcore
+from _support.audit import TINY_MODEL
+from _support.fake_dists import FakeDists, fake_dists, run_warcore
 
 from warcore import (
     CONTRACT_MODES,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from _audit_util import TINY_MODEL, backend_class
+from _support.audit import TINY_MODEL, backend_class
 
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.attention.torch_native import TorchNativeBackend

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from functools import cache
 
 import pytest
-from _engine_util import LateReaderPlugin, dense_greedy
+from _support.engine import LateReaderPlugin, dense_greedy
 
 import warcore
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
