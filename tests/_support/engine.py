@@ -1,12 +1,15 @@
-"""Helpers shared by the engine tests: an independent dense oracle and test backends."""
+"""Helpers shared by the engine tests: an independent dense oracle, test backends, and a
+plugin that declares deepseek_v4's verify boundary as a test chooses."""
 
 from __future__ import annotations
 
 import torch
 
 import warcore
+from _support import fresh_manager
 from warcore import ForwardMode, SharedReadBoundary
 from warcore.attention.torch_native import TorchNativeBackend
+from warcore.core import LoaderConfig, WarcorePluginManager
 from warcore.engine.model import TinyLlama, rms_norm
 from warcore.runners.batch import ForwardBatch
 
@@ -78,3 +81,32 @@ class LateReaderPlugin:
         if backend == "wctest_late_reader" and forward_mode is ForwardMode.DECODE:
             return self.decode_boundary
         return None
+
+
+class DeclareDeepseekVerify:
+    """Offers the deepseek_v4 backend with a verify boundary of the test's choosing (the
+    deepseek_v4 plugin itself is left out of this manager)."""
+
+    def __init__(self, boundary: SharedReadBoundary) -> None:
+        self.boundary = boundary
+
+    @warcore.hookimpl
+    def warcore_attention_backends(self) -> list[warcore.BackendSpec]:
+        from warcore_deepseek_v4.backend import DeepseekV4Backend
+
+        return [warcore.BackendSpec("deepseek_v4", DeepseekV4Backend)]
+
+    @warcore.hookimpl
+    def warcore_shared_read_boundary(
+        self, backend: str, forward_mode: ForwardMode
+    ) -> SharedReadBoundary | None:
+        if backend == "deepseek_v4" and forward_mode is ForwardMode.TARGET_VERIFY:
+            return self.boundary
+        return None
+
+
+def deepseek_verify_manager(boundary: SharedReadBoundary) -> WarcorePluginManager:
+    """The dflash plugin, and deepseek_v4 declared ``boundary`` for its verify."""
+    return fresh_manager(
+        DeclareDeepseekVerify(boundary), config=LoaderConfig(allowlist=frozenset({"dflash"}))
+    )

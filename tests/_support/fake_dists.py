@@ -2,7 +2,7 @@
 
 Each fake plugin is a module plus a ``<name>-<version>.dist-info/`` folder with ``METADATA`` and
 ``entry_points.txt``, in a folder put on ``sys.path`` (in process) or ``PYTHONPATH`` (``warcore``
-run as a subprocess). Use :func:`fake_dists` from a fixture.
+run as a subprocess). The ``fake`` fixture (``tests/conftest.py``) gives a test an empty one.
 """
 
 from __future__ import annotations
@@ -12,13 +12,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
-
-from warcore.core import reset_plugin_manager
 
 REAL_PLUGINS = {"trtllm_mha", "deepseek_v4", "dflash"}
 
@@ -58,7 +53,7 @@ class FakeDists:
         """Install a fake distribution whose ``warcore`` entry point ``entry`` is a module.
 
         ``entry`` is a fixture name, ``wctest_<name>`` (the reserved prefix: a real plugin
-        cannot take it; ``tests/test_fixture_names.py``); the distribution is
+        cannot take it; ``tests/plugins/test_fixture_names.py``); the distribution is
         ``warcore-fake-<name>`` and the module ``_wcfake_<name>`` unless given."""
         short = entry.removeprefix("wctest_")
         dist = dist or f"warcore-fake-{short.replace('_', '-')}"
@@ -77,22 +72,6 @@ class FakeDists:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
         env.update(variables)
         return env
-
-
-def fake_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
-    """The body of a ``fake`` fixture: a clean environment, an empty fake site folder on
-    ``sys.path``, and no process-wide manager before or after."""
-    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
-        monkeypatch.delenv(var)
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    reset_plugin_manager()
-    yield FakeDists(root)
-    reset_plugin_manager()
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", "") or "").startswith(str(root)):
-            del sys.modules[name]
 
 
 def run_warcore(

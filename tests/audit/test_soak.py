@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _support.engine import deepseek_verify_manager
 
 from warcore import SharedReadBoundary
 from warcore.audit.soak import soak
@@ -20,9 +21,7 @@ def test_a_bounded_soak_is_clean() -> None:
 
 @pytest.mark.slow
 def test_the_soak_catches_an_early_declaration() -> None:
-    from test_speculative import _deepseek_manager
-
-    pm = _deepseek_manager(SharedReadBoundary.IN_REPLAY)
+    pm = deepseek_verify_manager(SharedReadBoundary.IN_REPLAY)
     report = soak(30, seed=0, pm=pm)  # the first combination is deepseek_v4 / dflash
     assert report.violations and report.mismatches, report.format()
     assert not report.clean

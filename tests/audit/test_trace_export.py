@@ -8,16 +8,14 @@ the device point their record point names, and a barrier instant per barrier.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from warcore import cli
-from warcore.core import ForwardMode, RecordPoint, reset_plugin_manager
+from warcore.core import ForwardMode, RecordPoint
 from warcore.engine.trace_export import (
     DeviceSpan,
     ForwardRecord,
@@ -27,15 +25,6 @@ from warcore.engine.trace_export import (
 )
 
 Event = dict[str, Any]
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
-        monkeypatch.delenv(var)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
 
 
 def _run_traced(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:

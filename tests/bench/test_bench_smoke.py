@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +15,9 @@ import pytest
 
 from warcore import cli
 from warcore.bench import startup as bench_startup
-from warcore.core import reset_plugin_manager
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 TINY = ["--requests", "3", "--repeat", "1", "--layer-ms", "0", "--quiet"]
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
-        monkeypatch.delenv(var)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -9,9 +9,10 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from _support import fresh_manager
 
 from warcore import BoundaryContext, ForwardMode, SharedReadBoundary
-from warcore.core import LoaderConfig, UnknownNameError, WarcorePluginManager, get_registry
+from warcore.core import UnknownNameError, get_registry
 from warcore.device import get_device
 from warcore.engine import EngineConfig, Request, synthetic_trace
 
@@ -79,9 +80,7 @@ def test_malformed_environment_fails_every_command_naming_the_variable(
 
 
 def test_unknown_names_list_the_valid_ones_in_the_api() -> None:
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.load_entry_points()
-    registry = get_registry(pm)
+    registry = get_registry(fresh_manager())
     with pytest.raises(UnknownNameError, match=r"unknown backend 'x'; valid: .*torch_native"):
         registry.backend("x")
     with pytest.raises(UnknownNameError, match=r"unknown algorithm 'x'; valid: .*none"):
@@ -383,9 +382,7 @@ def test_a_fault_during_graph_capture_releases_the_device_and_the_cache() -> Non
                 warcore.BackendSpec("wctest_capture_faulty", CaptureFaulty, "raises at capture")
             ]
 
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.load_entry_points()
-    pm.register(Plugin(), name="wctest_capture_faulty_plugin")
+    pm = fresh_manager(("wctest_capture_faulty_plugin", Plugin()))
     cache = get_decision_cache(pm)
     gc.collect()
     threads, entries = threading.active_count(), len(cache)

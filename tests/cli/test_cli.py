@@ -7,14 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from warcore import cli
-from warcore.core import reset_plugin_manager
 
 pytestmark = pytest.mark.plugins()
 
@@ -47,16 +45,6 @@ def matrix() -> dict[tuple[str, str, str], dict[str, Any]]:
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["rows"]
     return {(r["backend"], r["mode"], r["algorithm"]): r for r in rows}
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """For in-process runs of ``cli.main``: no stray WARCORE_*, a fresh global manager."""
-    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
-        monkeypatch.delenv(var)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
 
 
 def test_plugins_json_lists_the_three_plugins_active() -> None:

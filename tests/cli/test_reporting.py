@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,17 +17,7 @@ from warcore import cli
 from warcore.audit import sanitizer as sanitizer_module
 from warcore.audit.sanitizer import SanitizeReport
 from warcore.cli.run import format_report
-from warcore.core import reset_plugin_manager
 from warcore.engine import Engine, EngineConfig, synthetic_trace
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
-        monkeypatch.delenv(var)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
 
 
 class Medusa:

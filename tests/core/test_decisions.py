@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable
 
 import pytest
+from _support import fresh_manager
 
 from warcore.core import (
     NCCL_ALLGATHER_IN_OVERLAP,
@@ -47,8 +48,7 @@ REAL_PLUGINS = frozenset({"trtllm_mha", "deepseek_v4", "dflash"})
 
 
 def _manager(plugins: frozenset[str] = REAL_PLUGINS) -> WarcorePluginManager:
-    pm = WarcorePluginManager(LoaderConfig(allowlist=plugins))
-    pm.load_entry_points()
+    pm = fresh_manager(config=LoaderConfig(allowlist=plugins))
     assert {i.name for i in pm.plugin_infos if i.status == "active"} == plugins | {"warcore"}
     return pm
 

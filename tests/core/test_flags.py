@@ -6,35 +6,21 @@ ignored flag can keep an earlier record point than the engine really allows."""
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Iterator
 
 import pytest
-from _support import ROOT
+from _support import ROOT, fresh_manager
 
 import warcore
 from warcore import cli
 from warcore.core import (
     CORE_FLAGS,
     FlagSpec,
-    LoaderConfig,
-    WarcorePluginManager,
     get_registry,
-    reset_plugin_manager,
 )
 from warcore.engine import Engine, EngineConfig
 
 TYPO = "nccl_allgather_in_overlapp"
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in [v for v in os.environ if v.startswith("WARCORE_")]:
-        monkeypatch.delenv(var)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
 
 
 class OffloadPlugin:
@@ -66,14 +52,6 @@ class BrokenFlagPlugin:
     @warcore.hookimpl
     def warcore_engine_flags(self) -> list[object]:
         return ["not a FlagSpec"]
-
-
-def _manager(*plugins: object) -> WarcorePluginManager:
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.load_entry_points()
-    for plugin in plugins:
-        pm.register(plugin, name=type(plugin).__name__)
-    return pm
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -149,7 +127,7 @@ def test_a_str_flag_without_a_value_is_an_error(
 
 
 def test_the_registry_holds_the_core_flags_and_the_plugins_own() -> None:
-    registry = get_registry(_manager(OffloadPlugin()))
+    registry = get_registry(fresh_manager(OffloadPlugin()))
     assert {name: offer.spec for name, offer in registry.flags.items()} == {
         **CORE_FLAGS,
         "wctest_my_offload": FlagSpec("wctest_my_offload", bool, False, "my KV offloader is on"),
@@ -163,9 +141,9 @@ def test_the_registry_holds_the_core_flags_and_the_plugins_own() -> None:
 
 
 def test_two_plugins_may_declare_the_same_flag_but_not_two_meanings() -> None:
-    same = get_registry(_manager(OffloadPlugin(), SameFlagPlugin()))
+    same = get_registry(fresh_manager(OffloadPlugin(), SameFlagPlugin()))
     assert "wctest_my_offload" in same.flags and not same.problems
-    clash = get_registry(_manager(OffloadPlugin(), ClashingFlagPlugin()))
+    clash = get_registry(fresh_manager(OffloadPlugin(), ClashingFlagPlugin()))
     assert "wctest_my_offload" not in clash.flags
     [problem] = clash.problems
     assert "flag 'wctest_my_offload'" in problem and "OffloadPlugin" in problem
@@ -176,7 +154,7 @@ def test_two_plugins_may_declare_the_same_flag_but_not_two_meanings() -> None:
         clash.check_flags((("wctest_my_offload", True),))
     from warcore.audit.matrix import find_problems
 
-    pm = _manager(OffloadPlugin(), ClashingFlagPlugin())
+    pm = fresh_manager(OffloadPlugin(), ClashingFlagPlugin())
     assert any("flag 'wctest_my_offload'" in p for p in find_problems(pm))  # warcore check says so
 
 
@@ -186,14 +164,14 @@ def test_a_plugin_cannot_redefine_a_core_flag() -> None:
         def warcore_engine_flags(self) -> list[FlagSpec]:
             return [FlagSpec("hicache", int, 0, "not a bool")]
 
-    registry = get_registry(_manager(Redefines()))
+    registry = get_registry(fresh_manager(Redefines()))
     assert registry.flags["hicache"].spec == CORE_FLAGS["hicache"]
     assert registry.flags["hicache"].plugin == "warcore"
     assert any("'hicache'" in p and "Redefines" in p for p in registry.problems)
 
 
 def test_a_broken_flag_hook_is_a_problem_and_the_others_stay() -> None:
-    registry = get_registry(_manager(BrokenFlagPlugin(), OffloadPlugin()))
+    registry = get_registry(fresh_manager(BrokenFlagPlugin(), OffloadPlugin()))
     assert "wctest_my_offload" in registry.flags and "hicache" in registry.flags
     assert any("warcore_engine_flags" in p for p in registry.problems)
 
@@ -228,7 +206,7 @@ def test_the_engine_rejects_a_wrongly_typed_flag_naming_it(name: str, value: obj
 
 
 def test_the_engine_accepts_a_plugins_own_flags() -> None:
-    pm = _manager(OffloadPlugin())
+    pm = fresh_manager(OffloadPlugin())
     config = EngineConfig(flags=(("wctest_my_offload", True), ("wctest_my_offload_chunks", 8)))
     with Engine(config, device="sim", pm=pm) as engine:
         assert engine.context.flag("wctest_my_offload") is True
@@ -236,7 +214,7 @@ def test_the_engine_accepts_a_plugins_own_flags() -> None:
         Engine(EngineConfig(flags=(("wctest_my_offload_chunks", "8"),)), device="sim", pm=pm)
     # Without the plugin, its flag is unknown.
     with pytest.raises(ValueError, match="unknown engine flag 'wctest_my_offload'"):
-        Engine(EngineConfig(flags=(("wctest_my_offload", True),)), device="sim", pm=_manager())
+        Engine(EngineConfig(flags=(("wctest_my_offload", True),)), device="sim", pm=fresh_manager())
 
 
 # -- the documentation ---------------------------------------------------------------------

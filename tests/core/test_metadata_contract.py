@@ -13,14 +13,13 @@ for lack of it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
-from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 import pytest
 import torch
 from _support.audit import TINY_MODEL
-from _support.fake_dists import FakeDists, fake_dists, run_warcore
+from _support.fake_dists import FakeDists, run_warcore
 
 from warcore import (
     CONTRACT_MODES,
@@ -228,11 +227,6 @@ def _make(**kwargs):
 def warcore_attention_backends():
     return [BackendSpec("wctest_unaudited", _make, "a backend nobody audited")]
 """
-
-
-@pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
-    yield from fake_dists(tmp_path, monkeypatch)
 
 
 def test_warcore_check_prints_the_note_and_still_passes(fake: FakeDists) -> None:

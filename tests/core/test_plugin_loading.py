@@ -12,16 +12,14 @@ import importlib.metadata as md
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from _support import fresh_manager
 from _support.fake_dists import (
     DECLARES,
     RAISES_ON_IMPORT,
     REAL_PLUGINS,
     FakeDists,
-    fake_dists,
     marks,
     run_warcore,
 )
@@ -46,17 +44,6 @@ from warcore.core import (
 )
 
 
-@pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
-    yield from fake_dists(tmp_path, monkeypatch)
-
-
-def _load(config: LoaderConfig | None = None) -> WarcorePluginManager:
-    pm = WarcorePluginManager(config or LoaderConfig())
-    pm.load_entry_points()  # None: importlib.metadata's real entry points
-    return pm
-
-
 def _info(pm: WarcorePluginManager, name: str) -> PluginInfo:
     matches = [i for i in pm.plugin_infos if i.name == name]
     assert len(matches) == 1, pm.plugin_infos
@@ -77,7 +64,7 @@ def test_plugin_failing_at_import_is_listed_and_others_load(
     fake.add("wctest_broken", RAISES_ON_IMPORT, dist="warcore-fake-broken", version="0.3")
     fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"))
     with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
-        pm = _load()
+        pm = fresh_manager()
     broken = _info(pm, "wctest_broken")
     assert broken.status == "failed"
     assert broken.distribution == "warcore-fake-broken" and broken.version == "0.3"
@@ -100,7 +87,7 @@ def test_strict_mode_raises_naming_the_plugin(fake: FakeDists) -> None:
     config = LoaderConfig.from_env({"WARCORE_STRICT_PLUGINS": "1"})
     assert config.strict
     with pytest.raises(PluginLoadError, match=r"'wctest_broken'.*boom at import"):
-        _load(config)
+        fresh_manager(config=config)
 
 
 def test_strict_mode_from_the_cli_fails_loudly(fake: FakeDists) -> None:
@@ -128,7 +115,7 @@ def test_misspelled_hook_fails_that_plugin_naming_plugin_and_hook(fake: FakeDist
             return True
         """,
     )
-    pm = _load()
+    pm = fresh_manager()
     typo = _info(pm, "wctest_typo")
     assert typo.status == "failed"
     assert "'wctest_typo'" in (typo.error or "") and "'warcore_shared_read_boundry'" in (
@@ -147,7 +134,7 @@ def test_duplicate_entry_point_name_loads_neither(fake: FakeDists) -> None:
         fake.add(
             "wctest_twin", marks(marker), dist=f"warcore-fake-{side}", module=f"_wcfake_twin_{side}"
         )
-    pm = _load()
+    pm = fresh_manager()
     twins = [i for i in pm.plugin_infos if i.name == "wctest_twin"]
     assert [t.status for t in twins] == ["failed", "failed"]
     for twin in twins:
@@ -155,7 +142,9 @@ def test_duplicate_entry_point_name_loads_neither(fake: FakeDists) -> None:
         assert "'warcore-fake-b'" in (twin.error or "")
         assert "WARCORE_PLUGINS=DISTRIBUTION:ENTRY_POINT" in (twin.error or "")
     assert not marker.exists()
-    chosen = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore-fake-b:wctest_twin"}))
+    chosen = fresh_manager(
+        config=LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore-fake-b:wctest_twin"})
+    )
     assert [(i.distribution, i.status) for i in chosen.plugin_infos if i.name == "wctest_twin"] == [
         ("warcore-fake-a", "disabled"),
         ("warcore-fake-b", "active"),
@@ -183,7 +172,9 @@ def test_empty_allowlist_loads_none(fake: FakeDists, monkeypatch: pytest.MonkeyP
 @pytest.mark.plugins()
 def test_allowlist_matches_entry_point_or_distribution_names(fake: FakeDists) -> None:
     fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"), dist="warcore-fake-good")
-    pm = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore_fake_good, dflash, nosuch"}))
+    pm = fresh_manager(
+        config=LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore_fake_good, dflash, nosuch"})
+    )
     assert _info(pm, "wctest_good").status == "active"  # by distribution name, normalised
     assert _info(pm, "dflash").status == "active"  # by entry-point name
     assert _info(pm, "trtllm_mha").status == "disabled"
@@ -197,7 +188,9 @@ def test_blocked_plugin_is_never_imported(fake: FakeDists) -> None:
         "wctest_blocked", f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('imported!')\n"
     )
     for blocked in ("wctest_blocked", "warcore-fake-blocked"):  # entry-point or distribution name
-        pm = _load(LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": f"{blocked},deepseek_v4"}))
+        pm = fresh_manager(
+            config=LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": f"{blocked},deepseek_v4"})
+        )
         info = _info(pm, "wctest_blocked")
         assert info.status == "disabled" and "WARCORE_DISABLE_PLUGINS" in (info.error or "")
         assert _info(pm, "deepseek_v4").status == "disabled"
@@ -222,7 +215,7 @@ def test_malformed_environment_is_an_error_naming_the_variable(variable: str, va
 
 def test_force_coarse_makes_every_decision_none(fake: FakeDists) -> None:
     fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"))
-    pm = _load(LoaderConfig.from_env({"WARCORE_FORCE_COARSE": "1"}))
+    pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_FORCE_COARSE": "1"}))
     assert _info(pm, "wctest_good").status == "active"  # plugins still load; nothing publishes
     registry = get_registry(pm)
     cache = get_decision_cache(pm)
@@ -267,7 +260,7 @@ def test_failing_or_mistyped_hookimpl_counts_as_unknown(
             {body}
         """,
     )
-    pm = _load()
+    pm = fresh_manager()
     resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=pm)
     assert resolved.boundary is SharedReadBoundary.UNKNOWN
     assert resolved.source == "default:failed:wctest_bad"
@@ -288,7 +281,7 @@ def test_failing_or_mistyped_hookimpl_counts_as_unknown(
 def test_disagreeing_plugins_take_the_latest_and_check_names_both(fake: FakeDists) -> None:
     fake.add("wctest_early", DECLARES.format(boundary="PRE_REPLAY"))
     fake.add("wctest_late", DECLARES.format(boundary="POST_REPLAY"))
-    pm = _load()
+    pm = fresh_manager()
     resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=pm)
     assert resolved.boundary is SharedReadBoundary.POST_REPLAY
     assert resolved.source == "default:conflict" and resolved.conflict
@@ -307,7 +300,7 @@ def test_disagreeing_plugins_take_the_latest_and_check_names_both(fake: FakeDist
 def test_agreeing_plugins_are_no_conflict(fake: FakeDists) -> None:
     fake.add("wctest_one", DECLARES.format(boundary="PRE_REPLAY"))
     fake.add("wctest_two", DECLARES.format(boundary="PRE_REPLAY"))
-    resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=_load())
+    resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=fresh_manager())
     assert (resolved.boundary, resolved.source) == (
         SharedReadBoundary.PRE_REPLAY,
         "plugin:wctest_one+wctest_two",
@@ -340,7 +333,7 @@ def test_duplicate_backend_names_are_an_error_naming_both(fake: FakeDists) -> No
         """
     fake.add("wctest_first", offers_twin.format(who="wctest_first"), dist="warcore-fake-first")
     fake.add("wctest_second", offers_twin.format(who="wctest_second"), dist="warcore-fake-second")
-    registry = get_registry(_load())
+    registry = get_registry(fresh_manager())
     assert "wctest_twin" not in registry.backends and "torch_native" in registry.backends
     with pytest.raises(DuplicateNameError) as info:
         registry.backend("wctest_twin")
@@ -365,7 +358,7 @@ def test_failing_spec_hook_is_a_registry_problem(fake: FakeDists) -> None:
             return ["dflash"]
         """,
     )
-    registry = get_registry(_load())
+    registry = get_registry(fresh_manager())
     assert any(
         "'wctest_offers_junk'" in p and "warcore_speculative_algorithms" in p
         for p in registry.problems

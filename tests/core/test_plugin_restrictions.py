@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import ROOT
-from _support.fake_dists import DECLARES, REAL_PLUGINS, FakeDists, fake_dists, marks, run_warcore
+from _support import ROOT, fresh_manager
+from _support.fake_dists import DECLARES, REAL_PLUGINS, FakeDists, marks, run_warcore
 
 import warcore
 from warcore.core import (
@@ -28,17 +27,6 @@ from warcore.core import (
     get_registry,
 )
 from warcore.core import _manager as manager_module
-
-
-@pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
-    yield from fake_dists(tmp_path, monkeypatch)
-
-
-def _load(config: LoaderConfig | None = None) -> WarcorePluginManager:
-    pm = WarcorePluginManager(config or LoaderConfig())
-    pm.load_entry_points()
-    return pm
 
 
 def _infos(pm: WarcorePluginManager, name: str) -> list[PluginInfo]:
@@ -154,7 +142,7 @@ def test_allowlist_by_distribution_admits_the_genuine_plugin_only(
     fake: FakeDists, hijack: Path, allow: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
-        pm = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": allow}))
+        pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_PLUGINS": allow}))
     infos = _dflash_infos(pm)
     assert infos["warcore-dflash"].status == "active"
     assert infos["aaa-hijack"].status == "disabled"
@@ -169,7 +157,7 @@ def test_allowlist_by_distribution_admits_the_genuine_plugin_only(
 def test_an_entry_point_name_two_distributions_offer_admits_neither(
     fake: FakeDists, hijack: Path
 ) -> None:
-    pm = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "dflash"}))
+    pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_PLUGINS": "dflash"}))
     infos = _dflash_infos(pm)
     assert infos["warcore-dflash"].status == "disabled"
     assert infos["aaa-hijack"].status == "disabled"
@@ -187,7 +175,7 @@ def test_an_entry_point_name_two_distributions_offer_admits_neither(
 
 @pytest.mark.plugins("dflash")
 def test_an_unrestricted_duplicate_loads_neither(fake: FakeDists, hijack: Path) -> None:
-    pm = _load()
+    pm = fresh_manager()
     infos = _dflash_infos(pm)
     assert infos["warcore-dflash"].status == "failed"
     assert infos["aaa-hijack"].status == "failed"
@@ -201,7 +189,7 @@ def test_an_unrestricted_duplicate_loads_neither(fake: FakeDists, hijack: Path) 
 def test_blocking_the_impostor_lets_the_genuine_plugin_load(
     fake: FakeDists, hijack: Path, block: str
 ) -> None:
-    pm = _load(LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": block}))
+    pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": block}))
     infos = _dflash_infos(pm)
     assert infos["warcore-dflash"].status == "active"
     assert infos["aaa-hijack"].status == "disabled"
@@ -212,7 +200,7 @@ def test_blocking_the_impostor_lets_the_genuine_plugin_load(
 def test_blocking_an_ambiguous_entry_point_name_blocks_every_holder(
     fake: FakeDists, hijack: Path
 ) -> None:
-    pm = _load(LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": "dflash"}))
+    pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": "dflash"}))
     infos = _dflash_infos(pm)
     assert {i.status for i in infos.values()} == {"disabled"}
     assert _imports(hijack) == 0
@@ -223,7 +211,7 @@ def test_distribution_named_like_an_entry_point_is_ambiguous(fake: FakeDists) ->
     """A distribution called ``dflash`` does not get in on the genuine plugin's name."""
     marker = fake.root / "imported.txt"
     fake.add("wctest_evil", marks(marker), dist="dflash")
-    pm = _load(LoaderConfig.from_env({"WARCORE_PLUGINS": "dflash"}))
+    pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_PLUGINS": "dflash"}))
     assert _info(pm, "wctest_evil").status == "disabled"
     assert _info(pm, "dflash").status == "disabled"
     assert _imports(marker) == 0 and pm.allowlist_problems
@@ -261,7 +249,7 @@ def test_a_plugin_offering_a_core_name_is_an_error_and_the_builtin_stays(
             return [{spec}]
         """,
     )
-    registry = get_registry(_load())
+    registry = get_registry(fresh_manager())
     table = registry.backends if kind == "backend" else registry.algorithms
     assert table[name].plugin == BUILTIN_PLUGIN_NAME
     (problem,) = [p for p in registry.problems if "wctest_squatter" in p]
@@ -274,7 +262,7 @@ def test_a_plugin_offering_a_core_name_is_an_error_and_the_builtin_stays(
 def test_an_entry_point_named_like_the_core_plugin_fails(fake: FakeDists) -> None:
     marker = fake.root / "imported.txt"
     fake.add(BUILTIN_PLUGIN_NAME, marks(marker), dist="warcore-squat")
-    pm = _load()
+    pm = fresh_manager()
     (squat,) = [i for i in _infos(pm, BUILTIN_PLUGIN_NAME) if i.distribution == "warcore-squat"]
     assert squat.status == "failed" and "core" in (squat.error or "")
     assert _imports(marker) == 0
@@ -376,7 +364,7 @@ def test_unmarked_or_misspelled_hook_functions_fail_the_plugin_naming_them(
             return None
         """,
     )
-    pm = _load()
+    pm = fresh_manager()
     unmarked = _info(pm, "wctest_unmarked")
     assert unmarked.status == "failed"
     assert "'warcore_is_war_publish_phase'" in (unmarked.error or "")
@@ -390,7 +378,7 @@ def test_unmarked_or_misspelled_hook_functions_fail_the_plugin_naming_them(
 
 def test_a_plugin_with_no_hook_is_a_warning_and_a_check_problem(fake: FakeDists) -> None:
     fake.add("wctest_inert", "X = 1\n")
-    pm = _load()
+    pm = fresh_manager()
     inert = _info(pm, "wctest_inert")
     assert inert.status == "active" and inert.hooks == ()
     assert any("no hook" in w for w in inert.warnings)
@@ -418,7 +406,7 @@ def test_load_time_is_measured_and_a_slow_plugin_is_warned_about(
     fake.add("wctest_quick", DECLARES.format(boundary="PRE_REPLAY"))
     monkeypatch.setattr(manager_module, "SLOW_PLUGIN_SECONDS", 0.1)
     with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
-        pm = _load()
+        pm = fresh_manager()
     slow, quick = _info(pm, "wctest_sluggish"), _info(pm, "wctest_quick")
     assert slow.load_ms is not None and slow.load_ms >= 200
     assert quick.load_ms is not None and quick.load_ms < 100
@@ -506,7 +494,7 @@ def test_a_registration_from_elsewhere_is_runtime_and_unregistering_updates_it(
         def warcore_speculative_algorithms(self) -> list[Any]:
             return []
 
-    pm = _load()
+    pm = fresh_manager()
     pm.register(Loose(), name="wctest_loose")
     loose = _info(pm, "wctest_loose")
     assert loose.registered_by == "runtime" and loose.status == "active"

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from _support import fresh_manager
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -108,8 +109,7 @@ def test_a_record_point_is_never_earlier_than_the_declaration(
 def test_unknown_never_publishes_on_any_runner(
     kind: RunnerKind, mode: ForwardMode, execution: Execution, algorithm: str
 ) -> None:
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.register(_Answer(B.UNKNOWN), name="wctest_unknown")
+    pm = fresh_manager(("wctest_unknown", _Answer(B.UNKNOWN)), entry_points=False)
     decision = decide(pm, kind, "torch_native", mode, warcore.BoundaryContext(algorithm), execution)
     assert decision.record_point is RecordPoint.NONE
 

@@ -19,12 +19,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
-from _support.fake_dists import FakeDists, fake_dists, run_warcore
+from _support.fake_dists import FakeDists, run_warcore
 
 from warcore import (
     BoundaryContext,
@@ -254,11 +253,6 @@ def warcore_shared_read_boundary(backend, forward_mode, context):
     warcore.get_plugin_manager().register(_Helper(), name=f"wctest_helper_{next(_n)}")
     return None
 """
-
-
-@pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
-    yield from fake_dists(tmp_path, monkeypatch)
 
 
 def test_matrix_check_and_run_finish_and_name_the_plugin_that_never_settles(

@@ -12,6 +12,7 @@ import importlib.metadata as md
 from typing import Any
 
 import pytest
+from _support import fresh_manager
 from _support.audit import TINY_MODEL
 
 from warcore import (
@@ -161,8 +162,7 @@ def test_offload_flags_veto_the_prefill_fast_path(flag: str) -> None:
 @pytest.mark.plugins("trtllm_mha")
 def test_the_prefill_switch_from_the_environment_and_at_run_time() -> None:
     off = LoaderConfig.from_env({"WARCORE_PREFILL_FAST_PATH": "0"})
-    pm = WarcorePluginManager(off)
-    pm.load_entry_points()
+    pm = fresh_manager(config=off)
     vetoed = _decide(pm, RunnerKind.PREFILL, "trtllm_mha", M.EXTEND)
     assert vetoed.record_point is P.NONE
     assert vetoed.source == "veto:warcore: the prefill fast path is switched off " + (

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from functools import cache
 
 import pytest
+from _support import fresh_manager
 from _support.engine import LateReaderPlugin, dense_greedy
 
 import warcore
@@ -104,8 +105,7 @@ def test_eager_decode_records_after_in_graph_init() -> None:
 @pytest.mark.plugins("trtllm_mha")
 @pytest.mark.slow
 def test_force_coarse_publishes_nothing() -> None:
-    pm = WarcorePluginManager(LoaderConfig(force_coarse=True))
-    pm.load_entry_points()
+    pm = fresh_manager(config=LoaderConfig(force_coarse=True))
     report = run(EngineConfig(backend="trtllm_mha"), pm=pm)
     assert set(point for _, point in report.published) == {RecordPoint.NONE}
     assert report.barriers == {"coarse": sum(report.forwards.values())}
@@ -123,9 +123,7 @@ def test_replays_never_call_hooks() -> None:
             calls.append((backend, forward_mode))
             return None
 
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.load_entry_points()
-    pm.register(Counting())
+    pm = fresh_manager(Counting())
     report = run(EngineConfig(), pm=pm)
     assert sum(report.forwards.values()) > 100
     # One resolution per distinct (mode, execution) key, however many forwards ran.
@@ -147,10 +145,8 @@ def test_unknown_names_list_the_valid_ones() -> None:
 
 @pytest.fixture
 def late_reader_pm() -> Iterator[tuple[WarcorePluginManager, LateReaderPlugin]]:
-    pm = WarcorePluginManager(LoaderConfig())
     plugin = LateReaderPlugin(SharedReadBoundary.IN_REPLAY)
-    pm.register(plugin)
-    yield pm, plugin
+    yield fresh_manager(plugin, entry_points=False), plugin
 
 
 def _late_reader_serial(pm: WarcorePluginManager, requests: list[Request]) -> dict[int, list[int]]:

@@ -12,11 +12,11 @@ from types import FrameType
 
 import pytest
 import torch
+from _support import fresh_manager
 
 import warcore
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.attention.torch_native import TorchNativeBackend
-from warcore.core import LoaderConfig, WarcorePluginManager
 from warcore.engine import Engine, EngineConfig, EngineFailed, Request, synthetic_trace
 from warcore.runners.batch import ForwardBatch
 
@@ -81,14 +81,6 @@ class FaultyPlugin:
         return [warcore.BackendSpec("wctest_faulty", FaultyBackend, "raises on demand (test)")]
 
 
-def _manager(*plugins: object) -> WarcorePluginManager:
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.load_entry_points()
-    for plugin in plugins:
-        pm.register(plugin)
-    return pm
-
-
 @cache
 def expected() -> dict[int, list[int]]:
     """Greedy tokens on sim; CUDA computes the same float64 math, so they agree."""
@@ -101,7 +93,7 @@ def expected() -> dict[int, list[int]]:
 @pytest.mark.parametrize("loop", ["overlap", "serial"])
 def test_a_raising_forward_stops_the_engine_cleanly(phase: str, loop: str, device: str) -> None:
     config = EngineConfig(backend="wctest_faulty", loop=loop)  # type: ignore[arg-type]
-    with bounded(60), Engine(config, device=device, pm=_manager(FaultyPlugin())) as engine:
+    with bounded(60), Engine(config, device=device, pm=fresh_manager(FaultyPlugin())) as engine:
         FaultyBackend.phase, FaultyBackend.armed = phase, 25  # after graph capture, mid-run
         try:
             report = engine.run(TRACE)
@@ -121,7 +113,7 @@ def test_a_raising_forward_stops_the_engine_cleanly(phase: str, loop: str, devic
 
 def test_an_engine_without_faults_reports_no_stop() -> None:
     with Engine(
-        EngineConfig(backend="wctest_faulty"), device="sim", pm=_manager(FaultyPlugin())
+        EngineConfig(backend="wctest_faulty"), device="sim", pm=fresh_manager(FaultyPlugin())
     ) as e:
         report = e.run(TRACE)
     assert report.stopped is None and not report.errors
@@ -140,7 +132,7 @@ class RaisingDeclaration:
 def test_a_plugin_raising_at_resolution_means_coarse_and_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pm = _manager(RaisingDeclaration())
+    pm = fresh_manager(RaisingDeclaration())
     config = EngineConfig(backend="trtllm_mha")
     with (
         caplog.at_level(logging.WARNING, logger="warcore.plugins"),

@@ -8,10 +8,11 @@ from functools import cache
 
 import pytest
 import torch
+from _support import fresh_manager
+from _support.engine import deepseek_verify_manager
 
 import warcore
 from warcore import ForwardMode, RecordPoint, SharedReadBoundary
-from warcore.core import LoaderConfig, WarcorePluginManager
 from warcore.engine import Engine, EngineConfig, Request, RunReport, synthetic_trace
 from warcore.runners import RowState
 
@@ -146,9 +147,7 @@ class OraclePlugin:
 def test_high_acceptance_is_still_lossless(backend: str, loop: str) -> None:
     expected = plain_greedy()
     sequences = [r.prompt + expected[r.rid] for r in TRACE]
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.load_entry_points()
-    pm.register(OraclePlugin(sequences, corrupt=0.2))
+    pm = fresh_manager(OraclePlugin(sequences, corrupt=0.2))
     report = run(
         EngineConfig(backend=backend, algorithm="wctest_oracle", loop=loop),  # type: ignore[arg-type]
         pm=pm,
@@ -160,35 +159,6 @@ def test_high_acceptance_is_still_lossless(backend: str, loop: str) -> None:
 # -- the deepseek_v4 verify race ---------------------------------------------------------
 
 
-class DeclareDeepseekVerify:
-    """Offers the deepseek_v4 backend with a verify boundary of the test's choosing (the
-    deepseek_v4 plugin itself is left out of this manager)."""
-
-    def __init__(self, boundary: SharedReadBoundary) -> None:
-        self.boundary = boundary
-
-    @warcore.hookimpl
-    def warcore_attention_backends(self) -> list[warcore.BackendSpec]:
-        from warcore_deepseek_v4.backend import DeepseekV4Backend
-
-        return [warcore.BackendSpec("deepseek_v4", DeepseekV4Backend)]
-
-    @warcore.hookimpl
-    def warcore_shared_read_boundary(
-        self, backend: str, forward_mode: ForwardMode
-    ) -> SharedReadBoundary | None:
-        if backend == "deepseek_v4" and forward_mode is ForwardMode.TARGET_VERIFY:
-            return self.boundary
-        return None
-
-
-def _deepseek_manager(boundary: SharedReadBoundary) -> WarcorePluginManager:
-    pm = WarcorePluginManager(LoaderConfig(allowlist=frozenset({"dflash"})))
-    pm.load_entry_points()
-    pm.register(DeclareDeepseekVerify(boundary))
-    return pm
-
-
 RACE_TRACE = synthetic_trace(32, seed=4, output_len=(2, 10))
 
 
@@ -197,7 +167,7 @@ RACE_TRACE = synthetic_trace(32, seed=4, output_len=(2, 10))
 def test_deepseek_verify_declared_early_corrupts_tokens(early: SharedReadBoundary) -> None:
     expected = run(EngineConfig(loop="serial"), RACE_TRACE).outputs
     config = EngineConfig(backend="deepseek_v4", algorithm="dflash")
-    pm = _deepseek_manager(early)
+    pm = deepseek_verify_manager(early)
     corrupted = False
     for _ in range(5):
         report = run(config, RACE_TRACE, pm=pm)
@@ -216,7 +186,7 @@ def test_deepseek_verify_declared_early_corrupts_tokens(early: SharedReadBoundar
 def test_deepseek_verify_post_replay_never_corrupts() -> None:
     expected = run(EngineConfig(loop="serial"), RACE_TRACE).outputs
     config = EngineConfig(backend="deepseek_v4", algorithm="dflash")
-    pm = _deepseek_manager(SharedReadBoundary.POST_REPLAY)
+    pm = deepseek_verify_manager(SharedReadBoundary.POST_REPLAY)
     for _ in range(5):
         report = run(config, RACE_TRACE, pm=pm)
         assert _points(report, ForwardMode.TARGET_VERIFY) == {RecordPoint.POST_REPLAY}
@@ -231,9 +201,7 @@ def test_a_verify_launched_after_the_request_already_finished_stays_in_its_slots
     trace = synthetic_trace(48, seed=5, output_len=(3, 14), mean_gap_steps=0.3)
     expected = run(EngineConfig(loop="serial"), trace).outputs
     sequences = [r.prompt + expected[r.rid] for r in trace]
-    pm = WarcorePluginManager(LoaderConfig())
-    pm.load_entry_points()
-    pm.register(OraclePlugin(sequences, corrupt=0.1))
+    pm = fresh_manager(OraclePlugin(sequences, corrupt=0.1))
     with Engine(
         EngineConfig(backend="trtllm_mha", algorithm="wctest_oracle"), device="sim", pm=pm
     ) as e:

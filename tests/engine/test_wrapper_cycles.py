@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import types
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from _support.fake_dists import FakeDists, fake_dists, run_warcore
+from _support.fake_dists import FakeDists, run_warcore
 
 from warcore import (
     BackendSpec,
@@ -162,11 +159,6 @@ def test_a_wrapper_over_the_same_backend_twice_is_no_cycle() -> None:
     assert (
         resolved.boundary is resolve_shared_read_boundary("torch_native", "DECODE", pm=pm).boundary
     )
-
-
-@pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDists]:
-    yield from fake_dists(tmp_path, monkeypatch)
 
 
 def test_check_matrix_and_plugins_run_to_the_end(fake: FakeDists) -> None:

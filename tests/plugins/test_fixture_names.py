@@ -2,7 +2,7 @@
 algorithm, an engine flag), registers (a plugin) or installs (a fake distribution's entry
 point) starts with the reserved prefix ``wctest_``, unless it is deliberately one of the names
 the core or this repository's own plugins offer (a test of what happens when a name is taken).
-Distribution names are not registry names and are left alone (``tests/_fake_dists.py`` names
+Distribution names are not registry names and are left alone (``tests/_support/fake_dists.py`` names
 its distributions ``warcore-fake-<name>``; one test needs a name that sorts first).
 
 A real plugin must not use the prefix: the check at the end fails if an installed plugin
@@ -84,6 +84,10 @@ def offered_names(tree: ast.AST) -> Iterator[tuple[int, str, str]]:
                     yield node.lineno, name, value
             elif name == "register" and _const(kw.get("name")) is not None:
                 yield node.lineno, "registered plugin", str(_const(kw.get("name")))
+            elif name == "fresh_manager":  # _support.fresh_manager(("name", plugin), ...)
+                for arg in node.args:
+                    if isinstance(arg, ast.Tuple) and arg.elts and _const(arg.elts[0]):
+                        yield node.lineno, "registered plugin", str(_const(arg.elts[0]))
             elif name == "add" and node.args and _const(node.args[0]) is not None:
                 yield node.lineno, "fake entry point", str(_const(node.args[0]))
         elif isinstance(node, ast.ClassDef):
@@ -145,6 +149,7 @@ class Mine:
 
 def hooks():
     pm.register(object(), name="held")
+    fresh_manager(("paired", object()), entry_points=False)
     fake.add("good", "x = 1", dist="warcore-fake-good")
     fake.add("inner", """
 import warcore
@@ -159,6 +164,7 @@ def warcore_attention_backends():
     assert names == {
         ("Mine.name", "mine"),
         ("registered plugin", "held"),
+        ("registered plugin", "paired"),
         ("fake entry point", "good"),
         ("fake entry point", "inner"),
         ("BackendSpec (in a module's source)", "twin"),
