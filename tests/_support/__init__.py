@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warcore.core import LoaderConfig, WarcorePluginManager
+from warcore.core import LoaderConfig, PluginInfo, WarcorePluginManager
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository's root (the documentation some tests check lives there)."""
@@ -34,3 +34,16 @@ def fresh_manager(
         name, plugin = item if isinstance(item, tuple) else (type(item).__name__, item)
         pm.register(plugin, name=name)
     return pm
+
+
+def plugin_infos(pm: WarcorePluginManager, name: str) -> list[PluginInfo]:
+    """Every record ``pm`` keeps of a plugin called ``name`` (two distributions may offer one
+    entry-point name)."""
+    return [i for i in pm.plugin_infos if i.name == name]
+
+
+def plugin_info(pm: WarcorePluginManager, name: str) -> PluginInfo:
+    """The one record ``pm`` keeps of the plugin called ``name``."""
+    matches = plugin_infos(pm, name)
+    assert len(matches) == 1, pm.plugin_infos
+    return matches[0]

@@ -8,12 +8,14 @@ run as a subprocess). The ``fake`` fixture (``tests/conftest.py``) gives a test 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REAL_PLUGINS = {"trtllm_mha", "deepseek_v4", "dflash"}
 
@@ -72,6 +74,13 @@ class FakeDists:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
         env.update(variables)
         return env
+
+    def plugins_json(self, **variables: str) -> dict[str, Any]:
+        """``warcore plugins --json`` in a subprocess that sees these distributions."""
+        result = run_warcore("plugins", "--json", env=self.env(**variables))
+        assert result.returncode == 0, result.stderr
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
 
 
 def run_warcore(

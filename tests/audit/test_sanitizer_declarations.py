@@ -29,7 +29,7 @@ B = SharedReadBoundary
 M = ForwardMode
 
 # What each backend's code does in the reference engine, mode by mode (the read tracer
-# agrees: tests/test_tracer.py). EXTEND at IN_REPLAY records nothing (the prefill runner only
+# agrees: tests/audit/test_tracer.py). EXTEND at IN_REPLAY records nothing (the prefill runner only
 # publishes PRE_REPLAY); its early declaration, PRE_REPLAY, does publish.
 _CONTRACT = {M.EXTEND: B.IN_REPLAY, M.DECODE: B.IN_REPLAY, M.TARGET_VERIFY: B.IN_REPLAY}
 _CONTRACT |= {M.DRAFT_EXTEND_V2: B.IN_REPLAY}
@@ -39,7 +39,7 @@ def honest(backend: str, algorithm: str) -> dict[ForwardMode, SharedReadBoundary
     table = dict(_CONTRACT)
     if backend in ("trtllm_mha", "deepseek_v4"):
         # The out-graph init snapshots the page table (deepseek_v4: batches that fit its
-        # snapshot; it withdraws the others per batch, tests/test_war_rules.py).
+        # snapshot; it withdraws the others per batch, tests/core/test_war_rules.py).
         table[M.EXTEND] = B.PRE_REPLAY
     if backend == "deepseek_v4" and algorithm != "dspark":
         table[M.TARGET_VERIFY] = B.POST_REPLAY  # re-reads req_to_token in every layer

@@ -97,7 +97,7 @@ def test_unknown_names_list_the_valid_ones_in_the_api() -> None:
         EngineConfig(fence="fast")  # type: ignore[arg-type]
 
 
-# -- issue 11: limits the engine cannot run past are one line and exit 2 -------------------
+# -- limits the engine cannot run past are one line and exit 2 ----------------------------
 
 
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:

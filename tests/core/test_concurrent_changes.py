@@ -1,4 +1,4 @@
-"""Concurrent switches and plugin-set changes (issue 17, item 2).
+"""Concurrent switches and plugin-set changes.
 
 Every run-time switch (``set_force_coarse``, ``set_prefill_fast_path``, assigning ``config``)
 and every plugin-set change (``register``/``unregister``, with the generation counter) is

@@ -1,4 +1,4 @@
-"""Decisions under change (issue 11): no stale decision after a registration, the algorithm's
+"""Decisions under change: no stale decision after a registration, the algorithm's
 veto in every mode.
 
 The race test is deterministic: the slow hook is held on an event, not on a sleep.

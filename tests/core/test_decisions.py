@@ -139,7 +139,7 @@ def test_decode_runner_matrix(
 
 
 # The same rules on the pure function, with the declaration as an input (sglang's table form).
-# The publish phase gates every mode (issue 11): a False publishes nothing, decode included.
+# The publish phase gates every mode: a False publishes nothing, decode included.
 @pytest.mark.parametrize(
     ("publishes_at_verify", "execution", "declared", "mode", "expected"),
     [

@@ -1,4 +1,4 @@
-"""Answers for another plugin's algorithm (issue 17, item 10).
+"""Answers for another plugin's algorithm.
 
 ``wctest_definer`` defines the algorithm ``wctest_spec`` by its step alone (EAGLE's shape:
 the draft-extend after the verify is the last reader, on the draft runner) and answers no

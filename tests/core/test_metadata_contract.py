@@ -1,4 +1,4 @@
-"""Following the metadata contract is declared, never inherited (issue 17, item 14).
+"""Following the metadata contract is declared, never inherited.
 
 A backend that a plugin registers and that nobody declares for ``DECODE`` or
 ``TARGET_VERIFY`` is ``UNKNOWN`` there (``default:no-answer``, the coarse fence), whatever
@@ -138,7 +138,7 @@ def test_the_declared_contract_shows_its_provenance_and_its_plugin() -> None:
 
 def test_the_sanitizer_audits_a_contract_declaration_like_any_other() -> None:
     # Undeclared, the backend that reads during the replay runs coarse: nothing published,
-    # nothing unsound (before issue 17 it inherited IN_REPLAY and read after its record point).
+    # nothing unsound (it used to inherit IN_REPLAY and to read after its record point).
     undeclared = sanitize(LiveReader.name, "none", pm=_pm(Offers(LiveReader)), **SMALL)
     assert undeclared.sound and undeclared.checked == 0, undeclared.format()
     # Declaring the contract for it is a claim the sanitizer refutes, naming who made it.

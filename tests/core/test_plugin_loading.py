@@ -1,4 +1,8 @@
-"""Plugin loading and resolution through real entry-point metadata.
+"""Plugin loading and resolution through real entry-point metadata: a plugin that fails to
+import, misspells a hook or uses the manager while it is being imported is named and the
+others load; failing and disagreeing answers, logged once, and a quiet ``check``; the decision
+cache following the plugin set. (Which plugins may load at all:
+``test_plugin_restrictions.py``.)
 
 Each fake plugin is a real distribution as far as ``importlib.metadata`` can tell: a module plus
 a ``<name>-<version>.dist-info/`` folder with ``METADATA`` and ``entry_points.txt``, in a folder
@@ -9,12 +13,12 @@ here calls ``register`` to install a plugin; the installed real plugins load alo
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import logging
 import subprocess
-import sys
 
 import pytest
-from _support import fresh_manager
+from _support import fresh_manager, plugin_info
 from _support.fake_dists import (
     DECLARES,
     RAISES_ON_IMPORT,
@@ -30,7 +34,6 @@ from warcore.core import (
     Execution,
     ForwardMode,
     LoaderConfig,
-    PluginInfo,
     PluginLoadError,
     RecordPoint,
     RunnerKind,
@@ -42,12 +45,6 @@ from warcore.core import (
     resolve_shared_read_boundary,
     resolve_war_publish_phase,
 )
-
-
-def _info(pm: WarcorePluginManager, name: str) -> PluginInfo:
-    matches = [i for i in pm.plugin_infos if i.name == name]
-    assert len(matches) == 1, pm.plugin_infos
-    return matches[0]
 
 
 def _warcore(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -65,14 +62,14 @@ def test_plugin_failing_at_import_is_listed_and_others_load(
     fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"))
     with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
         pm = fresh_manager()
-    broken = _info(pm, "wctest_broken")
+    broken = plugin_info(pm, "wctest_broken")
     assert broken.status == "failed"
     assert broken.distribution == "warcore-fake-broken" and broken.version == "0.3"
     assert broken.error == "RuntimeError: boom at import"
-    assert _info(pm, "wctest_good").status == "active"  # sorted after it: loading went on
-    assert _info(pm, "wctest_good").version == "1.0"
+    assert plugin_info(pm, "wctest_good").status == "active"  # sorted after it: loading went on
+    assert plugin_info(pm, "wctest_good").version == "1.0"
     for name in REAL_PLUGINS:
-        assert _info(pm, name).status == "active"
+        assert plugin_info(pm, name).status == "active"
     warnings = [r.getMessage() for r in caplog.records if "'wctest_broken'" in r.getMessage()]
     assert len(warnings) == 1 and "boom at import" in warnings[0]
     resolved = resolve_shared_read_boundary("torch_native", ForwardMode.EXTEND, pm=pm)
@@ -116,7 +113,7 @@ def test_misspelled_hook_fails_that_plugin_naming_plugin_and_hook(fake: FakeDist
         """,
     )
     pm = fresh_manager()
-    typo = _info(pm, "wctest_typo")
+    typo = plugin_info(pm, "wctest_typo")
     assert typo.status == "failed"
     assert "'wctest_typo'" in (typo.error or "") and "'warcore_shared_read_boundry'" in (
         typo.error or ""
@@ -151,83 +148,58 @@ def test_duplicate_entry_point_name_loads_neither(fake: FakeDists) -> None:
     ]
 
 
-# -- environment controls ------------------------------------------------------------------
+# -- re-entrant use of the process-wide manager at import -------------------------------------
 
 
 @pytest.mark.plugins()
-def test_empty_allowlist_loads_none(fake: FakeDists, monkeypatch: pytest.MonkeyPatch) -> None:
-    marker = fake.root / "imported.txt"
-    fake.add("wctest_spy", f"open({str(marker)!r}, 'w').close()\n")
-    monkeypatch.setenv("WARCORE_PLUGINS", "")
-    pm = get_plugin_manager()  # the process-wide manager, built from the environment
-    active = {i.name for i in pm.plugin_infos if i.status == "active"}
-    assert active == {"warcore"}  # the core's own built-ins only
-    for name in REAL_PLUGINS | {"wctest_spy"}:
-        assert _info(pm, name).status == "disabled"
-        assert "WARCORE_PLUGINS" in (_info(pm, name).error or "")
-    assert not marker.exists()
-    assert "trtllm_mha" not in get_registry(pm).backends
-
-
-@pytest.mark.plugins()
-def test_allowlist_matches_entry_point_or_distribution_names(fake: FakeDists) -> None:
-    fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"), dist="warcore-fake-good")
-    pm = fresh_manager(
-        config=LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore_fake_good, dflash, nosuch"})
-    )
-    assert _info(pm, "wctest_good").status == "active"  # by distribution name, normalised
-    assert _info(pm, "dflash").status == "active"  # by entry-point name
-    assert _info(pm, "trtllm_mha").status == "disabled"
-    assert pm.unknown_allowlist_names == ("nosuch",)
-
-
-@pytest.mark.plugins()
-def test_blocked_plugin_is_never_imported(fake: FakeDists) -> None:
-    marker = fake.root / "imported.txt"
-    module = fake.add(
-        "wctest_blocked", f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('imported!')\n"
-    )
-    for blocked in ("wctest_blocked", "warcore-fake-blocked"):  # entry-point or distribution name
-        pm = fresh_manager(
-            config=LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": f"{blocked},deepseek_v4"})
-        )
-        info = _info(pm, "wctest_blocked")
-        assert info.status == "disabled" and "WARCORE_DISABLE_PLUGINS" in (info.error or "")
-        assert _info(pm, "deepseek_v4").status == "disabled"
-        assert _info(pm, "trtllm_mha").status == "active"
-    assert not marker.exists()
-    assert module not in sys.modules
-
-
 @pytest.mark.parametrize(
-    ("variable", "value"),
+    "body",
     [
-        ("WARCORE_STRICT_PLUGINS", "maybe"),
-        ("WARCORE_FORCE_COARSE", "2"),
-        ("WARCORE_PLUGINS", "good plugin"),
-        ("WARCORE_DISABLE_PLUGINS", "a;b"),
+        "import warcore\nwarcore.get_plugin_manager()\n",
+        "import warcore\nwarcore.reset_plugin_manager()\n",
+        # Swallowing the error does not make the plugin load.
+        "import warcore\ntry:\n    warcore.get_plugin_manager()\nexcept Exception:\n    pass\n",
     ],
+    ids=["get", "reset", "swallowed"],
 )
-def test_malformed_environment_is_an_error_naming_the_variable(variable: str, value: str) -> None:
-    with pytest.raises(ValueError, match=variable):
-        LoaderConfig.from_env({variable: value})
+def test_manager_use_at_import_fails_that_plugin_instead_of_hanging(
+    fake: FakeDists, body: str
+) -> None:
+    fake.add("wctest_reenter", body)
+    fake.add("wctest_reenter_then", DECLARES.format(boundary="PRE_REPLAY"))
+    result = run_warcore("plugins", "--json", env=fake.env(), timeout=60)
+    assert result.returncode == 0, result.stderr
+    plugins = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
+    assert plugins["wctest_reenter"]["status"] == "failed"
+    error = plugins["wctest_reenter"]["error"]
+    assert "'wctest_reenter'" in error and "while it was being imported" in error, error
+    assert "_plugin_manager()" in error
+    for name in [*REAL_PLUGINS, "wctest_reenter_then"]:  # the last sorts after it: went on
+        assert plugins[name]["status"] == "active"
+    assert "'wctest_reenter'" in result.stderr  # the one load warning
 
 
-def test_force_coarse_makes_every_decision_none(fake: FakeDists) -> None:
-    fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"))
-    pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_FORCE_COARSE": "1"}))
-    assert _info(pm, "wctest_good").status == "active"  # plugins still load; nothing publishes
-    registry = get_registry(pm)
-    cache = get_decision_cache(pm)
-    for backend in registry.backends:
-        for algorithm in registry.algorithms:
-            for kind in RunnerKind:
-                for mode in ForwardMode:
-                    for execution in Execution:
-                        key = (kind, backend, mode, BoundaryContext(algorithm), execution)
-                        decision = cache[key]
-                        assert decision.record_point is RecordPoint.NONE, key
-                        assert decision.source == "forced-coarse", key
+def test_another_thread_waits_for_the_manager_being_built(fake: FakeDists) -> None:
+    fake.add(
+        "wctest_spawns",
+        """
+        import threading
+
+        import warcore
+
+        results = []
+        thread = threading.Thread(target=lambda: results.append(warcore.get_plugin_manager()))
+        thread.start()
+        thread.join(0.3)
+        waited = thread.is_alive()  # it cannot have a manager before loading ends
+        """,
+    )
+    pm = get_plugin_manager()
+    module = pytest.importorskip("_wcfake_spawns")
+    module.thread.join(10)
+    assert module.waited and not module.thread.is_alive()
+    assert module.results == [pm]
+    assert plugin_info(pm, "wctest_spawns").status == "active"
 
 
 # -- resolution: failures and conflicts ----------------------------------------------------
@@ -364,6 +336,106 @@ def test_failing_spec_hook_is_a_registry_problem(fake: FakeDists) -> None:
         for p in registry.problems
     )
     assert "dflash" in registry.algorithms  # the real plugin's offer is unaffected
+
+
+# -- a failing hook is logged once ------------------------------------------------------------
+
+RAISING_HOOKS = """
+import warcore
+
+
+@warcore.hookimpl
+def warcore_shared_read_boundary(backend, forward_mode, context):
+    raise ValueError("cannot decide")
+
+
+@warcore.hookimpl
+def warcore_is_war_publish_phase(algorithm, forward_mode):
+    raise ValueError("cannot decide")
+
+
+@warcore.hookimpl
+def warcore_speculative_algorithms():
+    raise ValueError("cannot list")
+
+
+@warcore.hookimpl
+def warcore_attention_backends():
+    raise ValueError("cannot offer")
+
+
+@warcore.hookimpl
+def warcore_fast_path_veto(forward_mode, context):
+    raise ValueError("cannot veto")
+
+
+@warcore.hookimpl
+def warcore_step_event_owner(algorithm, facts):
+    raise ValueError("cannot own")
+"""
+RAISING = (
+    "warcore_shared_read_boundary",
+    "warcore_is_war_publish_phase",
+    "warcore_speculative_algorithms",
+    "warcore_attention_backends",
+    "warcore_fast_path_veto",
+    "warcore_step_event_owner",
+)
+
+
+@pytest.mark.parametrize("algorithm", ["none", "eagle"])
+def test_a_raising_hook_is_logged_once_per_hook_in_a_whole_run(
+    fake: FakeDists, algorithm: str
+) -> None:
+    fake.add("wctest_raiser", RAISING_HOOKS)
+    args = ["--device", "sim", "--backend", "torch_native", "--algorithm", algorithm]
+    args += ["--requests", "3", "--no-verify", "--progress", "never"]
+    result = run_warcore("run", *args, env=fake.env(), timeout=300)
+    lines = [line for line in result.stderr.splitlines() if "'wctest_raiser'" in line]
+    for hook in RAISING:
+        assert len([line for line in lines if hook in line]) == 1, (hook, lines)
+    assert len(lines) == len(RAISING), lines
+
+
+def test_a_failing_spec_hook_is_logged_once_per_reason(
+    fake: FakeDists, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.add(
+        "wctest_flaky",
+        """
+        import warcore
+
+        calls = []
+
+
+        @warcore.hookimpl
+        def warcore_speculative_algorithms():
+            calls.append(1)
+            raise ValueError(f"attempt {min(len(calls), 2)}")
+        """,
+    )
+    pm = get_plugin_manager()
+    with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
+        for _ in range(4):
+            pm.cached_registry = None
+            get_registry(pm)
+    flaky = [r.getMessage() for r in caplog.records if "'wctest_flaky'" in r.getMessage()]
+    assert len(flaky) == 2, flaky  # "attempt 1" once, "attempt 2" once
+
+
+# -- a quiet check ----------------------------------------------------------------------------
+
+
+@pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
+def test_check_prints_grouped_lines_and_no_per_cell_warnings(fake: FakeDists) -> None:
+    fake.add("wctest_raiser", RAISING_HOOKS)
+    result = run_warcore("check", env=fake.env())
+    assert result.returncode == 1
+    assert any("'wctest_raiser'" in line for line in result.stdout.splitlines())
+    assert result.stderr == "", result.stderr
+    matrix = run_warcore("matrix", env=fake.env())
+    assert matrix.returncode == 0
+    assert "failed for" not in matrix.stderr, matrix.stderr
 
 
 # -- the decision cache follows the plugin set ---------------------------------------------

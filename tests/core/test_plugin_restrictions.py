@@ -1,49 +1,40 @@
-"""Which plugin code warcore runs, and what it says about it (issue 11, plugin loading).
+"""Which plugin code warcore runs, and what it says about it.
 
-Re-entrant manager use at import, the allowlist and block list by identity (distribution and
-entry point), restrictions honoured by every command (the start-up benchmark's children too),
-hooks that would silently do nothing, slow plugins, runtime registrations, logging once, and a
-quiet ``check``. Fake plugins are real distributions on ``sys.path`` (see ``_fake_dists``).
+The environment's restrictions: the allowlist (``WARCORE_PLUGINS``), the block list
+(``WARCORE_DISABLE_PLUGINS``), force-coarse; the allowlist and block list by identity
+(distribution and entry point), an allowlist that names nothing, every command honouring the
+restrictions (the start-up benchmark's children too). What warcore says about the code it
+runs: hooks that would silently do nothing, slow plugins, and the README's statement of the
+rule. Fake plugins are real distributions on ``sys.path`` (the ``fake`` fixture,
+``_support/fake_dists.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from _support import ROOT, fresh_manager
+from _support import ROOT, fresh_manager, plugin_info, plugin_infos
 from _support.fake_dists import DECLARES, REAL_PLUGINS, FakeDists, marks, run_warcore
 
 import warcore
 from warcore.core import (
     BUILTIN_PLUGIN_NAME,
+    BoundaryContext,
+    Execution,
+    ForwardMode,
     LoaderConfig,
     PluginInfo,
+    RecordPoint,
+    RunnerKind,
     WarcorePluginManager,
+    get_decision_cache,
     get_plugin_manager,
     get_registry,
 )
 from warcore.core import _manager as manager_module
-
-
-def _infos(pm: WarcorePluginManager, name: str) -> list[PluginInfo]:
-    return [i for i in pm.plugin_infos if i.name == name]
-
-
-def _info(pm: WarcorePluginManager, name: str) -> PluginInfo:
-    matches = _infos(pm, name)
-    assert len(matches) == 1, pm.plugin_infos
-    return matches[0]
-
-
-def _plugins_json(fake: FakeDists, **env: str) -> dict[str, Any]:
-    result = run_warcore("plugins", "--json", env=fake.env(**env))
-    assert result.returncode == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
 
 
 def _imports(marker: Path) -> int:
@@ -64,61 +55,87 @@ def warcore_attention_backends():
 """
 
 
-# -- 1. re-entrant use of the process-wide manager at import ---------------------------------
+# -- the environment controls -----------------------------------------------------------------
 
 
 @pytest.mark.plugins()
-@pytest.mark.parametrize(
-    "body",
-    [
-        "import warcore\nwarcore.get_plugin_manager()\n",
-        "import warcore\nwarcore.reset_plugin_manager()\n",
-        # Swallowing the error does not make the plugin load.
-        "import warcore\ntry:\n    warcore.get_plugin_manager()\nexcept Exception:\n    pass\n",
-    ],
-    ids=["get", "reset", "swallowed"],
-)
-def test_manager_use_at_import_fails_that_plugin_instead_of_hanging(
-    fake: FakeDists, body: str
-) -> None:
-    fake.add("wctest_reenter", body)
-    fake.add("wctest_reenter_then", DECLARES.format(boundary="PRE_REPLAY"))
-    result = run_warcore("plugins", "--json", env=fake.env(), timeout=60)
-    assert result.returncode == 0, result.stderr
-    plugins = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
-    assert plugins["wctest_reenter"]["status"] == "failed"
-    error = plugins["wctest_reenter"]["error"]
-    assert "'wctest_reenter'" in error and "while it was being imported" in error, error
-    assert "_plugin_manager()" in error
-    for name in [*REAL_PLUGINS, "wctest_reenter_then"]:  # the last sorts after it: went on
-        assert plugins[name]["status"] == "active"
-    assert "'wctest_reenter'" in result.stderr  # the one load warning
+def test_empty_allowlist_loads_none(fake: FakeDists, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = fake.root / "imported.txt"
+    fake.add("wctest_spy", f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.setenv("WARCORE_PLUGINS", "")
+    pm = get_plugin_manager()  # the process-wide manager, built from the environment
+    active = {i.name for i in pm.plugin_infos if i.status == "active"}
+    assert active == {"warcore"}  # the core's own built-ins only
+    for name in REAL_PLUGINS | {"wctest_spy"}:
+        assert plugin_info(pm, name).status == "disabled"
+        assert "WARCORE_PLUGINS" in (plugin_info(pm, name).error or "")
+    assert not marker.exists()
+    assert "trtllm_mha" not in get_registry(pm).backends
 
 
-def test_another_thread_waits_for_the_manager_being_built(fake: FakeDists) -> None:
-    fake.add(
-        "wctest_spawns",
-        """
-        import threading
-
-        import warcore
-
-        results = []
-        thread = threading.Thread(target=lambda: results.append(warcore.get_plugin_manager()))
-        thread.start()
-        thread.join(0.3)
-        waited = thread.is_alive()  # it cannot have a manager before loading ends
-        """,
+@pytest.mark.plugins()
+def test_allowlist_matches_entry_point_or_distribution_names(fake: FakeDists) -> None:
+    fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"), dist="warcore-fake-good")
+    pm = fresh_manager(
+        config=LoaderConfig.from_env({"WARCORE_PLUGINS": "warcore_fake_good, dflash, nosuch"})
     )
-    pm = get_plugin_manager()
-    module = pytest.importorskip("_wcfake_spawns")
-    module.thread.join(10)
-    assert module.waited and not module.thread.is_alive()
-    assert module.results == [pm]
-    assert _info(pm, "wctest_spawns").status == "active"
+    assert plugin_info(pm, "wctest_good").status == "active"  # by distribution name, normalised
+    assert plugin_info(pm, "dflash").status == "active"  # by entry-point name
+    assert plugin_info(pm, "trtllm_mha").status == "disabled"
+    assert pm.unknown_allowlist_names == ("nosuch",)
 
 
-# -- 2. allowlist and block list by identity --------------------------------------------------
+@pytest.mark.plugins()
+def test_blocked_plugin_is_never_imported(fake: FakeDists) -> None:
+    marker = fake.root / "imported.txt"
+    module = fake.add(
+        "wctest_blocked", f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('imported!')\n"
+    )
+    for blocked in ("wctest_blocked", "warcore-fake-blocked"):  # entry-point or distribution name
+        pm = fresh_manager(
+            config=LoaderConfig.from_env({"WARCORE_DISABLE_PLUGINS": f"{blocked},deepseek_v4"})
+        )
+        info = plugin_info(pm, "wctest_blocked")
+        assert info.status == "disabled" and "WARCORE_DISABLE_PLUGINS" in (info.error or "")
+        assert plugin_info(pm, "deepseek_v4").status == "disabled"
+        assert plugin_info(pm, "trtllm_mha").status == "active"
+    assert not marker.exists()
+    assert module not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WARCORE_STRICT_PLUGINS", "maybe"),
+        ("WARCORE_FORCE_COARSE", "2"),
+        ("WARCORE_PLUGINS", "good plugin"),
+        ("WARCORE_DISABLE_PLUGINS", "a;b"),
+    ],
+)
+def test_malformed_environment_is_an_error_naming_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(ValueError, match=variable):
+        LoaderConfig.from_env({variable: value})
+
+
+def test_force_coarse_makes_every_decision_none(fake: FakeDists) -> None:
+    fake.add("wctest_good", DECLARES.format(boundary="PRE_REPLAY"))
+    pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_FORCE_COARSE": "1"}))
+    # Plugins still load; nothing publishes.
+    assert plugin_info(pm, "wctest_good").status == "active"
+    registry = get_registry(pm)
+    cache = get_decision_cache(pm)
+    for backend in registry.backends:
+        for algorithm in registry.algorithms:
+            for kind in RunnerKind:
+                for mode in ForwardMode:
+                    for execution in Execution:
+                        key = (kind, backend, mode, BoundaryContext(algorithm), execution)
+                        decision = cache[key]
+                        assert decision.record_point is RecordPoint.NONE, key
+                        assert decision.source == "forced-coarse", key
+
+
+# -- allowlist and block list by identity -----------------------------------------------------
 
 
 @pytest.fixture
@@ -131,7 +148,7 @@ def hijack(fake: FakeDists) -> Path:
 
 
 def _dflash_infos(pm: WarcorePluginManager) -> dict[str, PluginInfo]:
-    return {i.distribution or "": i for i in _infos(pm, "dflash")}
+    return {i.distribution or "": i for i in plugin_infos(pm, "dflash")}
 
 
 @pytest.mark.plugins("dflash")
@@ -212,8 +229,8 @@ def test_distribution_named_like_an_entry_point_is_ambiguous(fake: FakeDists) ->
     marker = fake.root / "imported.txt"
     fake.add("wctest_evil", marks(marker), dist="dflash")
     pm = fresh_manager(config=LoaderConfig.from_env({"WARCORE_PLUGINS": "dflash"}))
-    assert _info(pm, "wctest_evil").status == "disabled"
-    assert _info(pm, "dflash").status == "disabled"
+    assert plugin_info(pm, "wctest_evil").status == "disabled"
+    assert plugin_info(pm, "dflash").status == "disabled"
     assert _imports(marker) == 0 and pm.allowlist_problems
 
 
@@ -263,12 +280,33 @@ def test_an_entry_point_named_like_the_core_plugin_fails(fake: FakeDists) -> Non
     marker = fake.root / "imported.txt"
     fake.add(BUILTIN_PLUGIN_NAME, marks(marker), dist="warcore-squat")
     pm = fresh_manager()
-    (squat,) = [i for i in _infos(pm, BUILTIN_PLUGIN_NAME) if i.distribution == "warcore-squat"]
+    (squat,) = [
+        i for i in plugin_infos(pm, BUILTIN_PLUGIN_NAME) if i.distribution == "warcore-squat"
+    ]
     assert squat.status == "failed" and "core" in (squat.error or "")
     assert _imports(marker) == 0
 
 
-# -- 3. every command honours the restrictions ------------------------------------------------
+# -- an allowlist that names nothing ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [",,,", " , ", ","])
+def test_an_allowlist_naming_nothing_is_malformed(fake: FakeDists, value: str) -> None:
+    with pytest.raises(ValueError, match="WARCORE_PLUGINS"):
+        LoaderConfig.from_env({"WARCORE_PLUGINS": value})
+    result = run_warcore("check", env=fake.env(WARCORE_PLUGINS=value))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "WARCORE_PLUGINS" in line
+
+
+def test_an_empty_allowlist_still_loads_none() -> None:
+    assert LoaderConfig.from_env({"WARCORE_PLUGINS": ""}).allowlist == frozenset()
+    assert LoaderConfig.from_env({"WARCORE_PLUGINS": "  "}).allowlist == frozenset()
+
+
+# -- every command honours the restrictions ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -336,7 +374,7 @@ def test_no_warcore_subprocess_drops_the_restrictions() -> None:
     assert launches == ["bench/startup.py"], launches
 
 
-# -- 4. hooks that would silently do nothing --------------------------------------------------
+# -- hooks that would silently do nothing -----------------------------------------------------
 
 
 def test_unmarked_or_misspelled_hook_functions_fail_the_plugin_naming_them(
@@ -365,11 +403,11 @@ def test_unmarked_or_misspelled_hook_functions_fail_the_plugin_naming_them(
         """,
     )
     pm = fresh_manager()
-    unmarked = _info(pm, "wctest_unmarked")
+    unmarked = plugin_info(pm, "wctest_unmarked")
     assert unmarked.status == "failed"
     assert "'warcore_is_war_publish_phase'" in (unmarked.error or "")
     assert "hookimpl" in (unmarked.error or "")
-    typo = _info(pm, "wctest_typo_unmarked")
+    typo = plugin_info(pm, "wctest_typo_unmarked")
     assert typo.status == "failed"
     assert "'warcore_shared_read_boundry'" in (typo.error or "")
     assert "warcore_shared_read_boundary" in (typo.error or "")  # the suggestion
@@ -379,10 +417,10 @@ def test_unmarked_or_misspelled_hook_functions_fail_the_plugin_naming_them(
 def test_a_plugin_with_no_hook_is_a_warning_and_a_check_problem(fake: FakeDists) -> None:
     fake.add("wctest_inert", "X = 1\n")
     pm = fresh_manager()
-    inert = _info(pm, "wctest_inert")
+    inert = plugin_info(pm, "wctest_inert")
     assert inert.status == "active" and inert.hooks == ()
     assert any("no hook" in w for w in inert.warnings)
-    data = _plugins_json(fake)
+    data = fake.plugins_json()
     (entry,) = [p for p in data["plugins"] if p["name"] == "wctest_inert"]
     assert entry["warnings"] and "no hook" in entry["warnings"][0]
     table = run_warcore("plugins", env=fake.env())
@@ -394,7 +432,7 @@ def test_a_plugin_with_no_hook_is_a_warning_and_a_check_problem(fake: FakeDists)
     )
 
 
-# -- 5. slow plugins are visible --------------------------------------------------------------
+# -- slow plugins are visible -----------------------------------------------------------------
 
 
 def test_load_time_is_measured_and_a_slow_plugin_is_warned_about(
@@ -407,13 +445,13 @@ def test_load_time_is_measured_and_a_slow_plugin_is_warned_about(
     monkeypatch.setattr(manager_module, "SLOW_PLUGIN_SECONDS", 0.1)
     with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
         pm = fresh_manager()
-    slow, quick = _info(pm, "wctest_sluggish"), _info(pm, "wctest_quick")
+    slow, quick = plugin_info(pm, "wctest_sluggish"), plugin_info(pm, "wctest_quick")
     assert slow.load_ms is not None and slow.load_ms >= 200
     assert quick.load_ms is not None and quick.load_ms < 100
     assert any("slow" in w for w in slow.warnings) and not quick.warnings
     messages = [r.getMessage() for r in caplog.records if "'wctest_sluggish'" in r.getMessage()]
     assert len(messages) == 1 and "0.1 s" in messages[0], messages
-    data = _plugins_json(fake)
+    data = fake.plugins_json()
     assert all(isinstance(p["load_ms"], float) for p in data["plugins"] if p["status"] == "active")
     table = run_warcore("plugins", env=fake.env())
     assert "LOAD MS" in table.stdout.splitlines()[0]
@@ -425,184 +463,7 @@ def test_the_slow_plugin_threshold_is_documented() -> None:
     assert "SLOW_PLUGIN_SECONDS" in readme and "1 s" in readme
 
 
-# -- 6. an allowlist that names nothing -------------------------------------------------------
-
-
-@pytest.mark.parametrize("value", [",,,", " , ", ","])
-def test_an_allowlist_naming_nothing_is_malformed(fake: FakeDists, value: str) -> None:
-    with pytest.raises(ValueError, match="WARCORE_PLUGINS"):
-        LoaderConfig.from_env({"WARCORE_PLUGINS": value})
-    result = run_warcore("check", env=fake.env(WARCORE_PLUGINS=value))
-    assert result.returncode == 2
-    assert result.stdout == ""
-    (line,) = result.stderr.splitlines()
-    assert "WARCORE_PLUGINS" in line
-
-
-def test_an_empty_allowlist_still_loads_none() -> None:
-    assert LoaderConfig.from_env({"WARCORE_PLUGINS": ""}).allowlist == frozenset()
-    assert LoaderConfig.from_env({"WARCORE_PLUGINS": "  "}).allowlist == frozenset()
-
-
-# -- 7. runtime registrations are listed with who registered them -----------------------------
-
-
-@pytest.mark.plugins()
-def test_plugins_lists_runtime_registrations_and_who_made_them(fake: FakeDists) -> None:
-    fake.add(
-        "wctest_outer",
-        """
-        import warcore
-
-
-        def _make(**kwargs):
-            raise AssertionError("never built")
-
-
-        class Inner:
-            @warcore.hookimpl
-            def warcore_attention_backends(self):
-                return [warcore.BackendSpec("wctest_inner_backend", _make, "run-time plugin")]
-
-
-        @warcore.hookimpl
-        def warcore_speculative_algorithms():
-            pm = warcore.get_plugin_manager()
-            if not pm.has_plugin("wctest_inner"):
-                pm.register(Inner(), name="wctest_inner")
-            return []
-        """,
-    )
-    data = _plugins_json(fake)
-    plugins = {p["name"]: p for p in data["plugins"]}
-    assert plugins["wctest_inner"]["registered_by"] == "plugin:wctest_outer"
-    assert plugins["wctest_inner"]["status"] == "active"
-    assert plugins["wctest_inner"]["hooks"] == ["warcore_attention_backends"]
-    assert plugins["wctest_outer"]["registered_by"] == "entry point"
-    assert plugins[BUILTIN_PLUGIN_NAME]["registered_by"] == "core"
-    for name in REAL_PLUGINS:
-        assert plugins[name]["registered_by"] == "entry point"
-    matrix = json.loads(run_warcore("matrix", "--json", env=fake.env()).stdout)
-    assert "wctest_inner_backend" in {row["backend"] for row in matrix["rows"]}
-
-
-def test_a_registration_from_elsewhere_is_runtime_and_unregistering_updates_it(
-    fake: FakeDists,
-) -> None:
-    class Loose:
-        @warcore.hookimpl
-        def warcore_speculative_algorithms(self) -> list[Any]:
-            return []
-
-    pm = fresh_manager()
-    pm.register(Loose(), name="wctest_loose")
-    loose = _info(pm, "wctest_loose")
-    assert loose.registered_by == "runtime" and loose.status == "active"
-    pm.unregister(name="wctest_loose")
-    assert _info(pm, "wctest_loose").status == "disabled"
-
-
-# -- 8. logged once ---------------------------------------------------------------------------
-
-RAISING_HOOKS = """
-import warcore
-
-
-@warcore.hookimpl
-def warcore_shared_read_boundary(backend, forward_mode, context):
-    raise ValueError("cannot decide")
-
-
-@warcore.hookimpl
-def warcore_is_war_publish_phase(algorithm, forward_mode):
-    raise ValueError("cannot decide")
-
-
-@warcore.hookimpl
-def warcore_speculative_algorithms():
-    raise ValueError("cannot list")
-
-
-@warcore.hookimpl
-def warcore_attention_backends():
-    raise ValueError("cannot offer")
-
-
-@warcore.hookimpl
-def warcore_fast_path_veto(forward_mode, context):
-    raise ValueError("cannot veto")
-
-
-@warcore.hookimpl
-def warcore_step_event_owner(algorithm, facts):
-    raise ValueError("cannot own")
-"""
-RAISING = (
-    "warcore_shared_read_boundary",
-    "warcore_is_war_publish_phase",
-    "warcore_speculative_algorithms",
-    "warcore_attention_backends",
-    "warcore_fast_path_veto",
-    "warcore_step_event_owner",
-)
-
-
-@pytest.mark.parametrize("algorithm", ["none", "eagle"])
-def test_a_raising_hook_is_logged_once_per_hook_in_a_whole_run(
-    fake: FakeDists, algorithm: str
-) -> None:
-    fake.add("wctest_raiser", RAISING_HOOKS)
-    args = ["--device", "sim", "--backend", "torch_native", "--algorithm", algorithm]
-    args += ["--requests", "3", "--no-verify", "--progress", "never"]
-    result = run_warcore("run", *args, env=fake.env(), timeout=300)
-    lines = [line for line in result.stderr.splitlines() if "'wctest_raiser'" in line]
-    for hook in RAISING:
-        assert len([line for line in lines if hook in line]) == 1, (hook, lines)
-    assert len(lines) == len(RAISING), lines
-
-
-def test_a_failing_spec_hook_is_logged_once_per_reason(
-    fake: FakeDists, caplog: pytest.LogCaptureFixture
-) -> None:
-    fake.add(
-        "wctest_flaky",
-        """
-        import warcore
-
-        calls = []
-
-
-        @warcore.hookimpl
-        def warcore_speculative_algorithms():
-            calls.append(1)
-            raise ValueError(f"attempt {min(len(calls), 2)}")
-        """,
-    )
-    pm = get_plugin_manager()
-    with caplog.at_level(logging.WARNING, logger="warcore.plugins"):
-        for _ in range(4):
-            pm.cached_registry = None
-            get_registry(pm)
-    flaky = [r.getMessage() for r in caplog.records if "'wctest_flaky'" in r.getMessage()]
-    assert len(flaky) == 2, flaky  # "attempt 1" once, "attempt 2" once
-
-
-# -- 9. a quiet check -------------------------------------------------------------------------
-
-
-@pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
-def test_check_prints_grouped_lines_and_no_per_cell_warnings(fake: FakeDists) -> None:
-    fake.add("wctest_raiser", RAISING_HOOKS)
-    result = run_warcore("check", env=fake.env())
-    assert result.returncode == 1
-    assert any("'wctest_raiser'" in line for line in result.stdout.splitlines())
-    assert result.stderr == "", result.stderr
-    matrix = run_warcore("matrix", env=fake.env())
-    assert matrix.returncode == 0
-    assert "failed for" not in matrix.stderr, matrix.stderr
-
-
-# -- 10. the README states the rule -----------------------------------------------------------
+# -- the README states the rule ---------------------------------------------------------------
 
 
 def test_readme_states_the_matching_rule_and_what_commands_do() -> None:

@@ -1,10 +1,10 @@
-"""Plugins registered at run time (issue 17): from code that has no source file, and plugins
-whose hooks keep changing the plugin set.
+"""Plugins registered at run time: listed with who registered them, from code that has no
+source file, and plugins whose hooks keep changing the plugin set.
 
-* Item 1: a plugin class or object defined in ``python -c``, a REPL or a notebook cell lives
+* A plugin class or object defined in ``python -c``, a REPL or a notebook cell lives
   in ``__main__`` without a ``__file__``; ``inspect`` raises ``OSError`` for it. It registers,
   resolves, and is listed (``warcore plugins``) with no source path.
-* Item 3: a hook that registers another plugin every time it is asked never lets a decision
+* A hook that registers another plugin every time it is asked never lets a decision
   settle. The decision cache retries a bounded number of times, blames that plugin (one log
   line, and ``warcore check``), and uses the coarse fence; ``warcore matrix`` and ``warcore
   run`` finish.
@@ -20,11 +20,13 @@ import sys
 import textwrap
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
-from _support.fake_dists import FakeDists, run_warcore
+from _support import fresh_manager, plugin_info
+from _support.fake_dists import REAL_PLUGINS, FakeDists, run_warcore
 
+import warcore
 from warcore import (
     BoundaryContext,
     Execution,
@@ -35,12 +37,12 @@ from warcore import (
     StepFacts,
     hookimpl,
 )
-from warcore.core import DecisionKey, WarcorePluginManager, get_decision_cache
+from warcore.core import BUILTIN_PLUGIN_NAME, DecisionKey, WarcorePluginManager, get_decision_cache
 from warcore.testing import make_plugin_manager
 
 T = TypeVar("T")
 
-# -- item 1: plugins without a source file ---------------------------------------------------
+# -- plugins without a source file ------------------------------------------------------------
 
 NOTEBOOK_CELL = """
 import json, warcore
@@ -120,7 +122,7 @@ def test_a_plugin_typed_into_a_repl_registers_and_is_listed_without_a_path() -> 
     assert plugins["wctest_cell_object"]["path"] is None
 
 
-# -- item 3: a hook that registers a plugin every time it is asked ---------------------------
+# -- a hook that registers a plugin every time it is asked ------------------------------------
 
 
 class Helper:
@@ -278,3 +280,61 @@ def test_matrix_check_and_run_finish_and_name_the_plugin_that_never_settles(
     assert "barriers        coarse" in run.stdout
     warned = [line for line in run.stderr.splitlines() if "wctest_spawner" in line]
     assert len(warned) == 1, run.stderr
+
+
+# -- run-time registrations are listed with who registered them ------------------------------
+
+
+@pytest.mark.plugins()
+def test_plugins_lists_runtime_registrations_and_who_made_them(fake: FakeDists) -> None:
+    fake.add(
+        "wctest_outer",
+        """
+        import warcore
+
+
+        def _make(**kwargs):
+            raise AssertionError("never built")
+
+
+        class Inner:
+            @warcore.hookimpl
+            def warcore_attention_backends(self):
+                return [warcore.BackendSpec("wctest_inner_backend", _make, "run-time plugin")]
+
+
+        @warcore.hookimpl
+        def warcore_speculative_algorithms():
+            pm = warcore.get_plugin_manager()
+            if not pm.has_plugin("wctest_inner"):
+                pm.register(Inner(), name="wctest_inner")
+            return []
+        """,
+    )
+    data = fake.plugins_json()
+    plugins = {p["name"]: p for p in data["plugins"]}
+    assert plugins["wctest_inner"]["registered_by"] == "plugin:wctest_outer"
+    assert plugins["wctest_inner"]["status"] == "active"
+    assert plugins["wctest_inner"]["hooks"] == ["warcore_attention_backends"]
+    assert plugins["wctest_outer"]["registered_by"] == "entry point"
+    assert plugins[BUILTIN_PLUGIN_NAME]["registered_by"] == "core"
+    for name in REAL_PLUGINS:
+        assert plugins[name]["registered_by"] == "entry point"
+    matrix = json.loads(run_warcore("matrix", "--json", env=fake.env()).stdout)
+    assert "wctest_inner_backend" in {row["backend"] for row in matrix["rows"]}
+
+
+def test_a_registration_from_elsewhere_is_runtime_and_unregistering_updates_it(
+    fake: FakeDists,
+) -> None:
+    class Loose:
+        @warcore.hookimpl
+        def warcore_speculative_algorithms(self) -> list[Any]:
+            return []
+
+    pm = fresh_manager()
+    pm.register(Loose(), name="wctest_loose")
+    loose = plugin_info(pm, "wctest_loose")
+    assert loose.registered_by == "runtime" and loose.status == "active"
+    pm.unregister(name="wctest_loose")
+    assert plugin_info(pm, "wctest_loose").status == "disabled"

@@ -1,4 +1,4 @@
-"""Steps as data (issue 14): an algorithm describes its step; the engine runs any such step,
+"""Steps as data: an algorithm describes its step; the engine runs any such step,
 the sanitizer audits it, ``check`` reports what cannot run or contradicts its hooks."""
 
 from __future__ import annotations
@@ -164,7 +164,8 @@ def test_a_step_answers_the_publish_phase_and_owner_when_no_plugin_does(
 
 class ContradictingHooks(DeclaredAlgorithm):
     """k_draft_verify's own plugin, whose hooks say its draft decodes are the last reader; its
-    step says not. (Another plugin's answer is a conflict instead: tests/test_foreign_answers.py.)
+    step says not. (Another plugin's answer is a conflict instead:
+    tests/core/test_foreign_answers.py.)
     """
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The rules sglang 0.5.23 added, as warcore states them (issue 12): one table per rule.
+"""The rules sglang 0.5.23 added, as warcore states them: one table per rule.
 
 Eager forwards, vetoes (offload flags, the prefill switch, force-coarse toggled while running, a
 plugin's veto), per-batch prefill under and over its capacity, the three wrapper shapes, the

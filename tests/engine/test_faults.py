@@ -151,7 +151,7 @@ def test_a_plugin_raising_at_resolution_means_coarse_and_one_log_line(
 
 
 def test_requests_that_cannot_fit_fail_alone_naming_the_limit() -> None:
-    # Only the bad requests fail (issue 11): the others are served, the engine keeps running.
+    # Only the bad requests fail: the others are served, the engine keeps running.
     too_long = [Request(100, [1] * 100, 100), Request(101, [1] * 60, 100), *TRACE[:3]]
     with Engine(EngineConfig(), device="sim") as engine:
         report = engine.run(too_long)

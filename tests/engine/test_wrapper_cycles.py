@@ -1,4 +1,4 @@
-"""A broken wrapper never breaks the tools that diagnose it (issue 17, item 4).
+"""A broken wrapper never breaks the tools that diagnose it.
 
 Two wrappers whose ``children_for`` name each other (with names built at run time, so never
 the same string object twice), a wrapper that names itself, and wrappers whose
@@ -116,7 +116,7 @@ def test_broken_wrappers_are_coarse_blamed_on_their_plugin_and_nothing_else_chan
 
 
 def test_a_built_wrapper_whose_children_for_names_none_is_coarse() -> None:
-    """(A built wrapper that is its own child: tests/test_bad_input.py.)"""
+    """(A built wrapper that is its own child: tests/cli/test_bad_input.py.)"""
 
     class NoneChild(TorchNativeBackend):
         name = "wctest_none_child_object"
