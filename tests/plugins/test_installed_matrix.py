@@ -1,9 +1,12 @@
 """What `warcore plugins --json` and `warcore matrix --json` say matches what is installed.
 
 The expectations come from the installed distributions' metadata and the plugins' documented
-declarations, not from warcore's resolver. The plugin-matrix cells (noxfile.py) run this file in
-environments holding different subsets of the plugins and set ``WARCORE_EXPECT_PLUGINS`` to the
-entry-point names the cell installed, so a leaked or missing plugin fails the cell.
+declarations, not from warcore's resolver. The plugin-matrix cells (``matrix.toml``, run by
+noxfile.py) run this file in environments holding different sets of plugins, third-party ones
+included, and set ``WARCORE_EXPECT_PLUGINS`` to the entry-point names the cell's distributions
+declare, so a leaked or missing plugin fails the cell. A third-party backend or algorithm is
+checked for what every plugin owes (listed, active, in the matrix, ``check`` clean); the
+record points are checked only for the backends and algorithms of this repository.
 """
 
 from __future__ import annotations
