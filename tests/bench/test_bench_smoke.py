@@ -106,6 +106,7 @@ def test_sweep_writes_points_and_plots(
     assert again.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.plugins("trtllm_mha")  # bench sweep's default backend
 def test_plot_without_matplotlib_is_one_line(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
