@@ -1,15 +1,19 @@
 """The plugin matrix: the core's tests in real environments holding different plugin sets.
 
-Each cell is its own virtual environment with the distributions installed for real (one cell
-from built wheels, not editable), and runs the core suite (``-m "not slow"``; tests of plugins
-a cell lacks skip themselves) plus tests/test_installed_matrix.py, which checks that
-``warcore plugins --json`` and ``warcore matrix --json`` describe exactly what the cell
-installed. A pluggy axis runs the full cell against the lowest supported and the newest pluggy.
+The cells are data, in ``matrix.toml`` (which distributions each installs, whether from built
+wheels, which pluggy versions it runs against); this file only knows how to run a cell. Each
+cell is its own virtual environment with the distributions installed for real (one cell from
+built wheels, not editable), and runs the core suite (``-m "not slow and not cuda"``; tests of
+plugins a cell lacks skip themselves), each installed distribution's own tests, and
+tests/plugins/test_installed_matrix.py, which checks that ``warcore plugins --json`` and
+``warcore matrix --json`` describe exactly the entry points the cell's distributions declare.
 
 torch is installed once, into ``.nox/_torch``, and every cell sees it through a ``.pth`` file
 written before anything else is installed (so pip finds the requirement satisfied and never
 downloads a multi-GB CUDA build). Run all cells with ``nox -s matrix``, one with
-``nox -s "matrix(cell='none', pluggy='newest')"``.
+``nox -s "matrix(cell='none', pluggy='newest')"``; ``-- --plugin PATH`` (repeatable) installs
+one more distribution (a source tree or a wheel) into every cell run. The rest of the
+arguments after ``--`` go to pytest. See docs/plugin-matrix.md.
 
 ``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
 sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``.
@@ -17,47 +21,123 @@ sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins
 
 from __future__ import annotations
 
+import configparser
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - nox itself needs tomli before 3.11
+    import tomli as tomllib
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_existing_virtualenvs = False
 
 ROOT = Path(__file__).parent
+MATRIX_FILE = ROOT / "matrix.toml"
 TORCH = "torch==2.13.0"
 TORCH_ENV = ROOT / ".nox" / "_torch"
-PLUGGY = {"lowest": "pluggy==1.5.0", "newest": "pluggy==1.7.0"}
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "numpy"]
+ENTRY_POINT_GROUP = "warcore"
 
-PLUGINS = {
-    "trtllm_mha": "plugins/trtllm_mha",
-    "deepseek_v4": "plugins/deepseek_v4",
-    "dflash": "plugins/dflash",
-    "broken_fixture": "tests/fixtures/broken_plugin",
-    "acme": "examples/acme_backend",
-    "ngram": "examples/ngram_algorithm",
-}
-EXAMPLES = frozenset({"acme", "ngram"})
-"""Third-party example distributions: their cells also run the example's own tests."""
-ALL_THREE = ["trtllm_mha", "deepseek_v4", "dflash"]
-CELLS: dict[str, list[str]] = {
-    "none": [],
-    "trtllm_mha": ["trtllm_mha"],
-    "deepseek_v4": ["deepseek_v4"],
-    "dflash": ["dflash"],
-    "all": ALL_THREE,
-    "all-wheels": ALL_THREE,
-    "all-broken": [*ALL_THREE, "broken_fixture"],
-    "acme": ["acme"],
-    "ngram": ["ngram"],
-}
-# The pluggy axis on the full cell; the others use the newest pluggy.
-PARAMS = [(cell, "newest") for cell in CELLS] + [("all", "lowest")]
+
+@dataclass(frozen=True)
+class Distribution:
+    """A plugin distribution a cell installs: a source tree, or a wheel."""
+
+    name: str
+    path: Path
+    tests: Path | None = None
+
+    @classmethod
+    def at(cls, path: Path) -> Distribution:
+        """The distribution at ``path`` (given by path, not by name): its ``tests/`` folder,
+        if it has one, is its own tests."""
+        tests = path / "tests"
+        return cls(path.name, path, tests if tests.is_dir() else None)
+
+    def entry_points(self) -> dict[str, str]:
+        """``{entry-point name: module}`` of the group ``warcore``, from the distribution's own
+        metadata (``pyproject.toml``, or a wheel's ``entry_points.txt``), never from what an
+        environment happens to hold: the cell's expectation."""
+        if self.path.suffix == ".whl":
+            with zipfile.ZipFile(self.path) as wheel:
+                names = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+                text = wheel.read(names[0]).decode() if names else ""
+            parser = configparser.ConfigParser(delimiters=("=",))
+            parser.optionxform = str  # type: ignore[assignment,method-assign]
+            parser.read_string(text)
+            table: dict[str, Any] = (
+                dict(parser[ENTRY_POINT_GROUP]) if parser.has_section(ENTRY_POINT_GROUP) else {}
+            )
+        else:
+            project = tomllib.loads((self.path / "pyproject.toml").read_text())["project"]
+            table = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+        return {name: value.split(":")[0].strip() for name, value in table.items()}
+
+
+@dataclass(frozen=True)
+class Cell:
+    install: tuple[Distribution, ...]
+    wheels: bool
+    pluggy: tuple[str, ...]
+
+
+def _is_path(entry: str) -> bool:
+    return "/" in entry or entry.endswith(".whl")
+
+
+def _read_matrix(path: Path) -> tuple[dict[str, str], dict[str, Distribution], dict[str, Cell]]:
+    """``matrix.toml``: pluggy versions, distributions and cells. A cell installs
+    distributions by name (from ``[distributions]``) or by path (an entry holding a ``/``,
+    or a wheel); a name the file does not define, or a pluggy version it does not, is an
+    error naming the cell and the name."""
+    data = tomllib.loads(path.read_text())
+    pluggy: dict[str, str] = dict(data["pluggy"])
+    distributions = {
+        name: Distribution(
+            name,
+            (path.parent / entry["path"]).resolve(),
+            (path.parent / entry["path"] / entry["tests"]).resolve() if "tests" in entry else None,
+        )
+        for name, entry in data.get("distributions", {}).items()
+    }
+    cells: dict[str, Cell] = {}
+    for name, entry in data["cells"].items():
+        install = list(entry.get("install", ()))
+        versions = tuple(entry.get("pluggy", ("newest",)))
+        for what, names, known in (
+            ("distribution", [n for n in install if not _is_path(n)], distributions),
+            ("pluggy version", versions, pluggy),
+        ):
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(
+                    f"{path.name}: cell {name!r} names {what} {unknown[0]!r}, which is not "
+                    f"defined there (defined: {', '.join(known)})"
+                )
+        cells[name] = Cell(
+            tuple(
+                Distribution.at((path.parent / n).resolve()) if _is_path(n) else distributions[n]
+                for n in install
+            ),
+            bool(entry.get("wheels", False)),
+            versions,
+        )
+    return pluggy, distributions, cells
+
+
+PLUGGY, DISTRIBUTIONS, CELLS = _read_matrix(MATRIX_FILE)
+PARAMS = [(cell, version) for cell, spec in CELLS.items() for version in spec.pluggy]
 
 
 def _torch_site() -> Path:
@@ -81,85 +161,104 @@ def _share_torch(session: nox.Session) -> None:
     Path(site.strip(), "_warcore_shared_torch.pth").write_text(f"{_torch_site()}\n")
 
 
-def _entry_point_name(plugin: str) -> str:
-    return plugin
+def _plugin_options(session: nox.Session) -> tuple[list[Distribution], list[str]]:
+    """Split the arguments after ``--``: each ``--plugin PATH`` (or ``--plugin=PATH``) is one
+    more distribution for the cell, a source tree (its ``tests/`` folder, if any, runs too)
+    or a wheel; the rest go to pytest. A relative PATH is taken from where nox was run."""
+    extra: list[Distribution] = []
+    rest: list[str] = []
+    args = list(session.posargs)
+    while args:
+        arg = args.pop(0)
+        if arg != "--plugin" and not arg.startswith("--plugin="):
+            rest.append(arg)
+            continue
+        value = arg.partition("=")[2] if "=" in arg else (args.pop(0) if args else "")
+        if not value:
+            session.error("--plugin needs a PATH (a plugin's source tree or a wheel)")
+        path = Path(session.invoked_from, value).resolve()
+        if not (path / "pyproject.toml").is_file() and not (
+            path.suffix == ".whl" and path.is_file()
+        ):
+            session.error(f"--plugin {value}: {path} is neither a source tree nor a wheel")
+        extra.append(Distribution.at(path))
+    return extra, rest
+
+
+def _install(session: nox.Session, distributions: Sequence[Distribution], wheels: bool) -> None:
+    """warcore and ``distributions`` in one pip call: editable source trees, or (``wheels``)
+    wheels built from them; a distribution given as a wheel is installed as it is."""
+    trees = [str(ROOT), *(str(d.path) for d in distributions if d.path.suffix != ".whl")]
+    given = [str(d.path) for d in distributions if d.path.suffix == ".whl"]
+    if wheels:
+        built = Path(session.create_tmp()) / "wheels"
+        shutil.rmtree(built, ignore_errors=True)
+        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(built), *trees)
+        session.install(*sorted(_with_engine(str(w)) for w in built.glob("*.whl")), *given)
+    else:
+        # warcore with its engine extra (torch, which the shared-torch .pth already provides).
+        editable = [f"{trees[0]}[engine]", *trees[1:]]
+        session.install(*(arg for tree in editable for arg in ("-e", tree)), *given)
+
+
+def _with_engine(wheel: str) -> str:
+    """warcore's own wheel with its engine extra; a plugin's wheel as it is."""
+    return f"{wheel}[engine]" if Path(wheel).name.startswith("warcore-0") else wheel
+
+
+def _assert_from_site_packages(distributions: Sequence[Distribution]) -> str:
+    """A check that warcore and every entry-point module come from the installed wheels, not
+    from a source tree (found, not imported: a module may fail on import on purpose)."""
+    modules = sorted({"warcore", *(m for d in distributions for m in d.entry_points().values())})
+    return (
+        "import importlib.util\n"
+        f"for name in {modules!r}:\n"
+        "    origin = importlib.util.find_spec(name).origin\n"
+        "    assert 'site-packages' in origin, (name, origin)\n"
+    )
 
 
 @nox.session
 @nox.parametrize("cell,pluggy", PARAMS)
 def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
-    plugins = CELLS[cell]
-    for example in EXAMPLES.intersection(plugins):
-        if not (ROOT / PLUGINS[example]).exists():
-            session.skip(f"{PLUGINS[example]} is not in this checkout")
+    extra, pytest_posargs = _plugin_options(session)
+    distributions = [*CELLS[cell].install, *extra]
+    for distribution in distributions:
+        if not distribution.path.exists():
+            session.skip(f"{distribution.path} is not in this checkout")
     _share_torch(session)
     session.install(PLUGGY[pluggy], *TEST_TOOLS)
-    paths = [str(ROOT / p) for p in (".", *(PLUGINS[p] for p in plugins))]
-    if cell == "all-wheels":
-        wheels = Path(session.create_tmp()) / "wheels"
-        shutil.rmtree(wheels, ignore_errors=True)
-        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *paths)
-        session.install(*sorted(_with_engine(str(w)) for w in wheels.glob("*.whl")))
-    else:
-        # warcore with its engine extra (torch, which the .pth above already provides).
-        session.install(
-            *(arg for path in [f"{paths[0]}[engine]", *paths[1:]] for arg in ("-e", path))
-        )
+    _install(session, distributions, CELLS[cell].wheels)
     # Run from outside the checkout, so `import warcore` finds what the cell installed (the
     # wheels, in the wheel cell) rather than the source tree in the current directory.
     session.chdir(session.create_tmp())
-    if cell == "all-wheels":
-        session.run("python", "-c", _ASSERT_INSTALLED_FROM_WHEEL)
+    if CELLS[cell].wheels:
+        session.run("python", "-c", _assert_from_site_packages(distributions))
     version = PLUGGY[pluggy].split("==")[1]
     session.run("python", "-c", f"import pluggy; assert pluggy.__version__ == '{version}'")
-    env = {"WARCORE_EXPECT_PLUGINS": ",".join(sorted(_installed_entry_points(plugins)))}
+    expected = sorted({name for d in distributions for name in d.entry_points()})
+    env = {"WARCORE_EXPECT_PLUGINS": ",".join(expected)}
     session.run("warcore", "plugins", env=env)
     pytest_args = ["-q", "-m", "not slow and not cuda", "-p", "no:cacheprovider"]
     pytest_args += ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
-    example_tests = [str(ROOT / PLUGINS[p] / "tests") for p in plugins if p in EXAMPLES]
+    own_tests = [str(d.tests) for d in distributions if d.tests is not None]
     session.run(
         "python",
         "-m",
         "pytest",
         *pytest_args,
         str(ROOT / "tests"),
-        *example_tests,
-        *session.posargs,
+        *own_tests,
+        *pytest_posargs,
         env=env,
     )
-
-
-def _with_engine(wheel: str) -> str:
-    """warcore's own wheel with its engine extra; a plugin's wheel as it is."""
-    return f"{wheel}[engine]" if Path(wheel).name.startswith("warcore-") else wheel
-
-
-_ASSERT_INSTALLED_FROM_WHEEL = (
-    "import warcore, warcore_dflash; "
-    "assert 'site-packages' in warcore.__file__, warcore.__file__; "
-    "assert 'site-packages' in warcore_dflash.__file__, warcore_dflash.__file__"
-)
-
-
-def _installed_entry_points(plugins: list[str]) -> set[str]:
-    names = set()
-    for plugin in plugins:
-        if plugin in EXAMPLES:
-            names |= _example_entry_points(plugin)
-        else:
-            names.add(plugin)
-    return names
-
-
-def _example_entry_points(example: str) -> set[str]:
-    text = (ROOT / PLUGINS[example] / "pyproject.toml").read_text()
-    section = text.split("[project.entry-points.warcore]", 1)[1].split("\n[", 1)[0]
-    return {line.split("=")[0].strip() for line in section.splitlines() if "=" in line}
 
 
 SGLANG = ROOT / "plugins" / "sglang"
 SGLANG_PINS = SGLANG / "sglang-0.5.23-pins.txt"
 SGLANG_BOOT = SGLANG / "tests" / "_boot"
+SGLANG_PLUGINS = ("trtllm_mha", "deepseek_v4", "dflash")
+"""The repository's plugins (matrix.toml's distributions) installed beside warcore-sglang."""
 _ASSERT_SGLANG_ENV = (
     "from importlib.metadata import version as v; "
     "assert v('sglang') == '0.5.23', v('sglang'); "
@@ -183,7 +282,7 @@ def sglang(session: nox.Session) -> None:
     _share_torch(session)
     session.install("--no-deps", "-r", str(SGLANG_PINS))
     session.install(PLUGGY["newest"], "pytest>=8")
-    editables = [ROOT, *(ROOT / PLUGINS[p] for p in ALL_THREE), SGLANG]
+    editables = [ROOT, *(DISTRIBUTIONS[p].path for p in SGLANG_PLUGINS), SGLANG]
     session.install("--no-deps", *(arg for path in editables for arg in ("-e", str(path))))
     # Versions from metadata: `import sglang` itself needs the triton stand-in.
     session.run("python", "-c", _ASSERT_SGLANG_ENV)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,19 +115,28 @@ def build_matrix(
     pm: WarcorePluginManager,
     flags: Mapping[str, FlagValue] | None = None,
     facts: StepFacts | None = None,
+    *,
+    backends: Collection[str] | None = None,
+    modes: Collection[ForwardMode] | None = None,
+    algorithms: Collection[str] | None = None,
 ) -> list[MatrixRow]:
     """Every registered backend × every mode × every registered algorithm of the backend's
     engine (and :data:`ENGINE_NEUTRAL_ALGORITHMS`), sorted by name; ``facts`` are the step
     facts the event owner is resolved for (default: a rank with a draft model, nothing
-    staged)."""
+    staged). ``backends``, ``modes`` and ``algorithms`` keep only the cells whose backend,
+    mode and algorithm are among them (``None``: every one); the other cells are not
+    resolved."""
     registry = get_registry(pm)
     cache = get_decision_cache(pm)
     facts = facts if facts is not None else StepFacts()
     return [
         _row(pm, cache, backend, mode, BoundaryContext(algorithm, flags or {}), facts)
         for backend in sorted(registry.backends)
+        if backends is None or backend in backends
         for mode in ForwardMode
+        if modes is None or mode in modes
         for algorithm in sorted(registry.algorithms)
+        if algorithms is None or algorithm in algorithms
         if _same_engine(registry.backends[backend].spec.engine, registry.algorithms[algorithm].spec)
     ]
 

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from warcore.audit.matrix import MatrixRow, build_matrix, find_notes, find_problems
-from warcore.cli._common import Command, parse_flags, plugin_manager, print_json, print_table
-from warcore.core import PluginInfo, StepFacts
+from warcore.cli._common import (
+    Command,
+    UsageError,
+    check_offered,
+    parse_flags,
+    plugin_manager,
+    print_json,
+    print_table,
+)
+from warcore.core import ForwardMode, PluginInfo, StepFacts, WarcorePluginManager
 
 __all__ = ["CHECK", "MATRIX", "PLUGINS"]
 
@@ -112,6 +120,78 @@ def _configure_matrix(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resolve the step's event owner for a step whose draft-extend is staged",
     )
+    for option, what in _FILTERS:
+        parser.add_argument(
+            option,
+            action="append",
+            default=[],
+            metavar="NAME[,NAME...]",
+            help=f"only the cells of this {what}: repeatable, each a comma list (any of them "
+            "matches; the filters combine by 'and'; --json too). A name that matches no cell "
+            "is an error (exit 2)",
+        )
+
+
+_FILTERS = (
+    ("--backend", "backend"),
+    ("--mode", "forward mode (its name, DECODE, or value, decode)"),
+    ("--algorithm", "algorithm"),
+)
+
+
+def _filters(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Each filter option given -> its names, comma lists split, in order, each once; modes
+    by name (``decode`` is ``DECODE``). An empty name or an unknown mode is a usage error."""
+    given: dict[str, list[str]] = {}
+    for option, _ in _FILTERS:
+        for value in getattr(args, option.removeprefix("--")):
+            parts = [part.strip() for part in value.split(",")]
+            if not all(parts):
+                raise UsageError(f"{option} {value!r}: an empty name in the list")
+            for part in parts:
+                name = _mode_name(part) if option == "--mode" else part
+                if name not in given.setdefault(option, []):
+                    given[option].append(name)
+    return given
+
+
+def _mode_name(text: str) -> str:
+    try:
+        return ForwardMode.parse(text).name
+    except ValueError as exc:
+        raise UsageError(f"--mode: {exc}") from None
+
+
+def _check_matched(
+    pm: WarcorePluginManager, rows: Sequence[MatrixRow], given: dict[str, list[str]]
+) -> None:
+    """Every filter name (``given``: option -> names) matched a cell, or a
+    :class:`UsageError` naming the first that did not: a name nothing offers as the other
+    commands say it (unknown, listing the valid ones; or disabled, and by which variable),
+    otherwise the combination of filters that leaves it no cell."""
+    present = {
+        "--backend": {r.backend for r in rows},
+        "--mode": {r.mode.name for r in rows},
+        "--algorithm": {r.algorithm for r in rows},
+    }
+    for option, names in given.items():
+        for name in names:
+            if name in present[option]:
+                continue
+            if option != "--mode":
+                try:
+                    check_offered(pm, option.removeprefix("--"), name)
+                except UsageError as exc:
+                    raise UsageError(f"{option}: {exc}") from None
+            others = "".join(
+                f" with {other} {','.join(values)}"
+                for other, values in given.items()
+                if other != option
+            )
+            raise UsageError(
+                f"{option} {name!r} matches no matrix cell{others} (a backend pairs only with "
+                "the algorithms of its own engine, and none)"
+            )
 
 
 def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
@@ -138,8 +218,18 @@ def _run_matrix(args: argparse.Namespace) -> int:
     facts = StepFacts(
         has_draft_model=not args.no_draft_model, draft_extend_staged=args.draft_extend_staged
     )
+    given = _filters(args)
+    modes = [ForwardMode[name] for name in given["--mode"]] if "--mode" in given else None
     with _quiet():  # each cell's provenance is in the output
-        rows = build_matrix(pm, flags, facts)
+        rows = build_matrix(
+            pm,
+            flags,
+            facts,
+            backends=given.get("--backend"),
+            modes=modes,
+            algorithms=given.get("--algorithm"),
+        )
+    _check_matched(pm, rows, given)
     if args.json:
         print_json(
             {
