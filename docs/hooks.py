@@ -1,0 +1,76 @@
+"""mkdocs hooks: pages built from Markdown files that live outside ``docs/``.
+
+``BENCHMARKS.md`` and ``plugins/sglang/README.md`` are written to be read in the repository
+(and the README is warcore-sglang's package description), so they stay where they are and the
+site carries a copy of each, built on every ``mkdocs build``. Their links are resolved as in the
+repository: a link to another included file points at its page, an image is copied into the site
+beside the page, a link to any other file of the repository (source, a folder, the root README)
+keeps its text and loses the link (it has no page in the site), and a link to a file that does
+not exist is a warning, so ``mkdocs build --strict`` fails on it as on any broken link.
+
+A file that is not in the checkout (the sglang README is written on another branch) gets a page
+that says so instead, so the navigation and the links to it stay valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+log = logging.getLogger("mkdocs.hooks.include")
+
+ROOT = Path(__file__).resolve().parent.parent
+INCLUDED = {
+    "BENCHMARKS.md": "benchmark-results.md",
+    "plugins/sglang/README.md": "warcore-sglang.md",
+}
+"""Repository path of each included file -> its page in the site."""
+IMAGES = (".png", ".svg", ".jpg", ".jpeg", ".gif")
+LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def on_files(files: Files, config: Any) -> Files:
+    for source, page in INCLUDED.items():
+        path = ROOT / source
+        if path.is_file():
+            text = _relink(source, page, path.read_text(encoding="utf-8"), files, config)
+        else:
+            text = (
+                f"# {source}\n\n`{source}` is not in this checkout yet: once it is, this page "
+                "is built from it.\n"
+            )
+        files.append(File.generated(config, page, content=text))
+    return files
+
+
+def _relink(source: str, page: str, text: str, files: Files, config: Any) -> str:
+    here = posixpath.dirname(source)
+
+    def target_of(match: re.Match[str]) -> str:
+        image, label, target = match.groups()
+        if re.match(r"[a-z]+:|#", target):
+            return match.group(0)
+        path, _, fragment = target.partition("#")
+        resolved = posixpath.normpath(posixpath.join(here, path))
+        fragment = f"#{fragment}" if fragment else ""
+        if resolved in INCLUDED:
+            return f"{image}[{label}]({_relative(INCLUDED[resolved], page)}{fragment})"
+        if not (ROOT / resolved).exists():
+            log.warning("%s links to %s, which does not exist", source, target)
+            return match.group(0)
+        if image and resolved.endswith(IMAGES):
+            if files.get_file_from_path(resolved) is None:
+                files.append(File.generated(config, resolved, abs_src_path=str(ROOT / resolved)))
+            return f"{image}[{label}]({_relative(resolved, page)})"
+        return label  # a file of the repository with no page in the site
+
+    return LINK.sub(target_of, text)
+
+
+def _relative(target: str, page: str) -> str:
+    return posixpath.relpath(target, posixpath.dirname(page) or ".")
