@@ -10,10 +10,16 @@ not exist is a warning, so ``mkdocs build --strict`` fails on it as on any broke
 
 A file that is not in the checkout (the sglang README is written on another branch) gets a page
 that says so instead, so the navigation and the links to it stay valid.
+
+The API reference pages render each public package's ``__all__``. A name that mkdocstrings
+cannot see (griffe reads the source without importing it: a name a lazy ``__getattr__`` exports
+and no ``if TYPE_CHECKING:`` import names) would silently be left out; a warning for each name
+of ``__all__`` missing from its page makes the strict build fail instead.
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 import posixpath
 import re
@@ -30,6 +36,13 @@ INCLUDED = {
     "plugins/sglang/README.md": "warcore-sglang.md",
 }
 """Repository path of each included file -> its page in the site."""
+API_PAGES = {
+    "api/index.md": "warcore",
+    "api/core.md": "warcore.core",
+    "api/attention.md": "warcore.attention",
+    "api/testing.md": "warcore.testing",
+}
+"""API reference page -> the package whose ``__all__`` it must show in full."""
 IMAGES = (".png", ".svg", ".jpg", ".jpeg", ".gif")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 
@@ -74,3 +87,31 @@ def _relink(source: str, page: str, text: str, files: Files, config: Any) -> str
 
 def _relative(target: str, page: str) -> str:
     return posixpath.relpath(target, posixpath.dirname(page) or ".")
+
+
+def on_page_content(html: str, page: Any, **kwargs: Any) -> str:
+    module = API_PAGES.get(page.file.src_uri)
+    if module is not None:
+        missing = [name for name in _exported(module) if f'id="{module}.{name}"' not in html]
+        if missing:
+            log.warning(
+                "%s: %s exports %s, which the API reference cannot see (a lazy export? import it "
+                "under `if TYPE_CHECKING:` too)",
+                page.file.src_uri,
+                module,
+                ", ".join(missing),
+            )
+    return html
+
+
+def _exported(module: str) -> list[str]:
+    """``module.__all__``, read from its source (no import: the docs build imports nothing)."""
+    path = ROOT.joinpath(*module.split("."))
+    source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return [str(name) for name in ast.literal_eval(node.value)]
+    log.warning("%s has no literal __all__ for its API reference page", module)
+    return []
