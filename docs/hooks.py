@@ -15,6 +15,10 @@ The API reference pages render each public package's ``__all__``. A name that mk
 cannot see (griffe reads the source without importing it: a name a lazy ``__getattr__`` exports
 and no ``if TYPE_CHECKING:`` import names) would silently be left out; a warning for each name
 of ``__all__`` missing from its page makes the strict build fail instead.
+
+The hook specifications are found by what they are, not by name: the class of ``warcore.core``
+whose methods are marked ``@hookspec``, in whichever of its modules it lives, so the Hooks page
+follows it when the core is reorganised.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ API_PAGES = {
     "api/testing.md": "warcore.testing",
 }
 """API reference page -> the package whose ``__all__`` it must show in full."""
+HOOKSPECS_PAGE = "api/hooks.md"
+HOOKSPECS_MARK = "::: hookspecs"
+"""On the Hooks page, stands for ``::: <the hookspec class>``, found in ``warcore/core``."""
 IMAGES = (".png", ".svg", ".jpg", ".jpeg", ".gif")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 
@@ -87,6 +94,42 @@ def _relink(source: str, page: str, text: str, files: Files, config: Any) -> str
 
 def _relative(target: str, page: str) -> str:
     return posixpath.relpath(target, posixpath.dirname(page) or ".")
+
+
+def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+    if page.file.src_uri != HOOKSPECS_PAGE:
+        return markdown
+    found = _hookspec_classes(ROOT / "warcore" / "core")
+    if len(found) != 1:
+        log.warning(
+            "%s: want one class of @hookspec methods in warcore/core, found %s",
+            page.file.src_uri,
+            found,
+        )
+        return markdown
+    return markdown.replace(HOOKSPECS_MARK, f"::: {found[0]}")
+
+
+def _hookspec_classes(package: Path) -> list[str]:
+    """Dotted paths of the classes in ``package`` with a method decorated ``@hookspec``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and any(
+                _is_hookspec(decorator)
+                for method in node.body
+                if isinstance(method, ast.FunctionDef)
+                for decorator in method.decorator_list
+            ):
+                module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                found.append(f"{module.removesuffix('.__init__')}.{node.name}")
+    return found
+
+
+def _is_hookspec(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+    return name == "hookspec"
 
 
 def on_page_content(html: str, page: Any, **kwargs: Any) -> str:
