@@ -2,7 +2,8 @@
 # Create or refresh .venv: Python >= 3.10, torch (installed only when it is not importable, and
 # then pinned), warcore with its engine extra (torch: the reference engine, the audit and the
 # benchmarks), its three plugins and the example plugins (examples/acme_backend,
-# examples/ngram_algorithm) in editable mode, and the test tools (the test extra).
+# examples/ngram_algorithm) in editable mode, the test tools (the test extra) and the docs tools
+# (the docs extra: mkdocs).
 # Idempotent: when nothing it installs from has changed, a rerun takes a second or two.
 #
 #   WARCORE_TORCH_INDEX_URL  index to take torch==2.13.0 from (e.g. a CPU-only wheel index);
@@ -44,13 +45,13 @@ want=$( { pwd; cat pyproject.toml "${PLUGINS[@]/%//pyproject.toml}" "$0"; } | sh
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]] \
   && "$PY" -c 'import warcore, warcore_trtllm_mha, warcore_deepseek_v4, warcore_dflash, warcore_acme, warcore_ngram, pytest, hypothesis, numpy' 2>/dev/null \
   && [[ -x $VENV/bin/ruff && -x $VENV/bin/mypy && -x $VENV/bin/lint-imports ]] \
-  && [[ -x $VENV/bin/warcore ]]; then
+  && [[ -x $VENV/bin/warcore && -x $VENV/bin/mkdocs ]]; then
   say "up to date"
   exit 0
 fi
 
-say "installing warcore and its plugins (editable) and the test tools"
-editables=(-e ".[test,engine]")
+say "installing warcore and its plugins (editable), the test and the docs tools"
+editables=(-e ".[test,engine,docs]")
 for plugin in "${PLUGINS[@]}"; do editables+=(-e "$plugin"); done
 pip install -q "${editables[@]}"
 echo "$want" >"$stamp"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests: set up, then lint, check the import layers (lint-imports: pyproject.toml's
-# [tool.importlinter] contracts), type-check and run pytest. Every step runs; the exit status is
-# non-zero if any failed. Extra arguments go to pytest.
+# [tool.importlinter] contracts), type-check, build the docs site strictly (a broken link or API
+# reference fails it) and run pytest. Every step runs; the exit status is non-zero if any failed.
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
@@ -13,9 +14,12 @@ for init in plugins/*/warcore_*/__init__.py examples/*/warcore_*/__init__.py; do
 done
 
 failed=()
-.venv/bin/ruff check warcore plugins tests examples || failed+=(ruff)
+.venv/bin/ruff check warcore plugins tests examples docs || failed+=(ruff)
 .venv/bin/lint-imports --no-cache --no-logo || failed+=(lint-imports)
 .venv/bin/mypy warcore "${plugin_packages[@]}" || failed+=(mypy)
+# mkdocs.yml: strict, into site/ (ignored). NO_MKDOCS_2_WARNING: mkdocs-material's banner about
+# its successor, printed on every build. Not --quiet: it hides the warnings --strict counts.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict || failed+=(mkdocs)
 .venv/bin/pytest -q "$@" || failed+=(pytest)
 
 if ((${#failed[@]})); then

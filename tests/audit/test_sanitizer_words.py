@@ -24,12 +24,13 @@ from warcore.testing import (
 )
 
 SMALL: dict[str, Any] = {"requests": 3, "max_running": 2, "model": TINY_MODEL}
-README = ROOT / "README.md"
+VERDICTS_PAGE = ROOT / "docs" / "plugins" / "algorithm.md"
+"""The docs page whose table of verdicts plugin authors read."""
 
 
-def _readme_verdicts() -> list[str]:
-    """The first column of the README's table whose header is ``| verdict | ...``."""
-    lines = README.read_text(encoding="utf-8").splitlines()
+def _documented_verdicts() -> list[str]:
+    """The first column of the docs page's table whose header is ``| verdict | ...``."""
+    lines = VERDICTS_PAGE.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| verdict |"))
     names = []
     for line in lines[start + 2 :]:
@@ -39,8 +40,8 @@ def _readme_verdicts() -> list[str]:
     return names
 
 
-def test_the_readme_names_exactly_the_sanitizers_verdicts() -> None:
-    assert sorted(_readme_verdicts()) == sorted(VIOLATION_KINDS)
+def test_the_docs_name_exactly_the_sanitizers_verdicts() -> None:
+    assert sorted(_documented_verdicts()) == sorted(VIOLATION_KINDS)
 
 
 def _early_owner() -> DeclaredAlgorithm:
@@ -74,7 +75,7 @@ def _violation(kind: str) -> Any:
 def test_a_real_violation_prints_its_documented_verdict(kind: str) -> None:
     report = _violation(kind)
     assert report.violation is not None and report.violation.kind == kind, report.format()
-    assert kind in _readme_verdicts()
+    assert kind in _documented_verdicts()
     assert f"VIOLATION ({kind})" in report.violation.describe()  # was: "VIOLATION backend ..."
     assert report.verdict == f"VIOLATION ({kind})"
     assert f"VIOLATION ({kind})" in report.format()

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from warcore import cli
-from warcore.core import ForwardMode, RecordPoint
 from warcore.audit.trace_export import (
     DeviceSpan,
     ForwardRecord,
@@ -23,7 +22,7 @@ from warcore.audit.trace_export import (
     TraceRecorder,
     chrome_trace,
 )
-from warcore.core import ForwardMode, RecordPoint, reset_plugin_manager
+from warcore.core import ForwardMode, RecordPoint
 
 Event = dict[str, Any]
 

@@ -137,11 +137,11 @@ def test_every_numeric_option_has_a_limit_refused_while_parsing(
         assert kind.range in text, (command, option, text)  # --help says it
 
 
-def _readme_limits() -> dict[tuple[str, str], str]:
-    """(command, option) -> range, from the README's table of numeric limits."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def _documented_limits() -> dict[tuple[str, str], str]:
+    """(command, option) -> range, from the table of numeric limits on the CLI's docs page."""
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     table: dict[tuple[str, str], str] = {}
-    for line in readme.splitlines():
+    for line in page.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 4 or not cells[0].startswith("`--"):
             continue
@@ -153,10 +153,10 @@ def _readme_limits() -> dict[tuple[str, str], str]:
     return table
 
 
-def test_the_readme_states_every_numeric_limit() -> None:
+def test_the_docs_state_every_numeric_limit() -> None:
     from warcore.cli._common import FRACTION
 
-    documented = _readme_limits()
+    documented = _documented_limits()
     actual = {
         (command, option): (FRACTION if option == "--fractions" else kind).range  # type: ignore[attr-defined]
         for command, option, kind, _ in _numeric_options()

@@ -16,6 +16,7 @@ from warcore import cli
 from warcore.core import (
     CORE_FLAGS,
     FlagSpec,
+    WarcorePluginManager,
     get_registry,
 )
 from warcore.engine import Engine, EngineConfig
@@ -219,8 +220,8 @@ def test_the_engine_accepts_a_plugins_own_flags() -> None:
 # -- the documentation ---------------------------------------------------------------------
 
 
-def test_the_readme_documents_every_core_flag_in_a_table() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_document_every_core_flag_in_a_table() -> None:
+    page = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
     row = re.compile(r"^\| `([a-z_]+)` \| (?:bool|int|str) \|", re.M)
-    rows = {m.group(1) for m in row.finditer(readme)}
+    rows = {m.group(1) for m in row.finditer(page)}
     assert set(CORE_FLAGS) <= rows, set(CORE_FLAGS) - rows

@@ -4,7 +4,7 @@ The environment's restrictions: the allowlist (``WARCORE_PLUGINS``), the block l
 (``WARCORE_DISABLE_PLUGINS``), force-coarse; the allowlist and block list by identity
 (distribution and entry point), an allowlist that names nothing, every command honouring the
 restrictions (the start-up benchmark's children too). What warcore says about the code it
-runs: hooks that would silently do nothing, slow plugins, and the README's statement of the
+runs: hooks that would silently do nothing, slow plugins, and the docs' statement of the
 rule. Fake plugins are real distributions on ``sys.path`` (the ``fake`` fixture,
 ``_support/fake_dists.py``).
 """
@@ -456,17 +456,21 @@ def test_load_time_is_measured_and_a_slow_plugin_is_warned_about(
     assert "LOAD MS" in table.stdout.splitlines()[0]
 
 
+def _install_page() -> str:
+    """The docs page on installing and turning plugins on and off."""
+    return (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+
+
 def test_the_slow_plugin_threshold_is_documented() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = _install_page()
     assert WarcorePluginManager.SLOW_PLUGIN_SECONDS == 1.0
-    assert "SLOW_PLUGIN_SECONDS" in readme and "1 s" in readme
+    assert "SLOW_PLUGIN_SECONDS" in page and "1 s" in page
 
 
-# -- the README states the rule ---------------------------------------------------------------
+# -- the docs state the rule -------------------------------------------------------------------
 
 
-def test_readme_states_the_matching_rule_and_what_commands_do() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## What code warcore loads", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_state_the_matching_rule_and_what_commands_do() -> None:
+    section = _install_page().split("## What code warcore loads", 1)[1].split("\n## ", 1)[0]
     for phrase in ("DIST:EP", "exactly one", "bench startup", "never imported", "registered_by"):
         assert phrase in section, phrase

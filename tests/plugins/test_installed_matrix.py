@@ -22,7 +22,7 @@ import pytest
 
 PUBLISHING_AT_EXTEND = {"none", "dflash", "dspark", "ngram"}  # eagle's prefill does not publish
 OUR_ALGORITHMS = PUBLISHING_AT_EXTEND | {"eagle"}
-"""The core's and this repository's algorithms, whose publish phases the README documents."""
+"""The core's and this repository's algorithms, whose publish phases the docs document."""
 OUR_BACKENDS = {"torch_native", "trtllm_mha", "deepseek_v4"}
 
 
