@@ -62,6 +62,7 @@ def test_import_check_matrix_plugins_and_resolving_everything_leave_torch_unload
     assert result["cells"] > 0
 
 
+@pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
 def test_a_command_that_runs_a_forward_says_in_one_line_that_it_needs_torch() -> None:
     # torch blocked in this process (None in sys.modules: "import torch" raises), as it is
     # where only `pip install warcore` was done.

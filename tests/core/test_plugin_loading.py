@@ -79,6 +79,7 @@ def test_plugin_failing_at_import_is_listed_and_others_load(
     )
 
 
+@pytest.mark.clean_install  # strict mode stops at the installed broken plugin first
 def test_strict_mode_raises_naming_the_plugin(fake: FakeDists) -> None:
     fake.add("wctest_broken", RAISES_ON_IMPORT)
     config = LoaderConfig.from_env({"WARCORE_STRICT_PLUGINS": "1"})
@@ -87,6 +88,7 @@ def test_strict_mode_raises_naming_the_plugin(fake: FakeDists) -> None:
         fresh_manager(config=config)
 
 
+@pytest.mark.clean_install  # strict mode stops at the installed broken plugin first
 def test_strict_mode_from_the_cli_fails_loudly(fake: FakeDists) -> None:
     fake.add("wctest_broken", RAISES_ON_IMPORT)
     result = _warcore("plugins", env=fake.env(WARCORE_STRICT_PLUGINS="1"))
