@@ -140,8 +140,13 @@ def write_tiny_model(directory: str | os.PathLike[str], seed: int = 0) -> Path:
 
 def cpu_env(boot: Path | None = None) -> dict[str, str]:
     """The environment sglang's serving path needs on a CPU-only machine, every child
-    included: the CPU engine, the WAR barrier on without CUDA, the stand-ins."""
+    included: the CPU engine, the WAR barrier on without CUDA, the stand-ins, one OpenMP
+    thread per process (unless ``OMP_NUM_THREADS`` is set)."""
     env = {
+        # One intra-op thread per process: on two shared cores torch's OpenMP threads spin
+        # against each other and the other processes (measured, back to back with the default
+        # two: 39-53 decode tokens/s in one run, ~1000 in the next; with one: 1115-1260).
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "SGLANG_USE_CPU_ENGINE": "1",
         "SGLANG_ENABLE_WAR_BARRIER": "1",
         "WARCORE_SGLANG_STANDINS": STANDINS,
