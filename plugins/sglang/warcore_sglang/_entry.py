@@ -23,6 +23,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,9 @@ class Status:
     """Why warcore is not active (``None`` when it is)."""
     level: int
     plugins: list[dict[str, Any]] = field(default_factory=list)
+    activation_s: float | None = None
+    """How long activating took in this process (importing warcore, loading its plugins,
+    patching what sglang had imported): warcore's own start-up cost."""
     trace: str | None = None
     sanitize: str | None = None
     problems: list[str] = field(default_factory=list)
@@ -118,6 +122,7 @@ def _activate(status: Status) -> None:
         )
         status.level = logging.ERROR
         return
+    start = time.perf_counter()
     try:
         from . import activation
 
@@ -135,6 +140,7 @@ def _activate(status: Status) -> None:
         ]
         status.active = True
         status.level = logging.INFO
+        status.activation_s = time.perf_counter() - start
     except Exception as exc:
         status.reason = f"{type(exc).__name__}: {exc}"
         status.level = logging.ERROR
@@ -177,7 +183,8 @@ def startup_line(status: Status) -> str:
         loaded = [p for p in status.plugins if p["status"] == "active"]
         names = ", ".join(f"{p['name']} ({p['distribution']} {p['version']})" for p in loaded)
         failed = [p["name"] for p in status.plugins if p["status"] == "failed"]
-        text = f"{who}: warcore active; plugins: {names or 'none'}"
+        took = f" in {status.activation_s:.3f} s" if status.activation_s is not None else ""
+        text = f"{who}: warcore active{took}; plugins: {names or 'none'}"
         if failed:
             text += f"; failed to load: {', '.join(failed)}"
     else:
@@ -225,6 +232,7 @@ def sglang_plugin() -> Status | None:
                     "active": status.active,
                     "reason": status.reason,
                     "plugins": status.plugins,
+                    "activation_s": status.activation_s,
                     "sanitize": status.sanitize,
                     "status": line.split("): ", 1)[-1],
                     "line": line,

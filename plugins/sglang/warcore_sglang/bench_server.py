@@ -7,16 +7,23 @@ per round, and measures in each start:
 * ``startup_s``: the ``Engine`` constructor (scheduler and detokenizer children spawned,
   imported, the model loaded, the scheduler ready); ``scheduler_startup_s``: the scheduler
   child's life from its creation to the engine's ready;
+* ``scheduler_activation_s`` (``warcore`` only): what activating took inside the scheduler
+  child (importing warcore, loading its plugins, patching), from its start-up line: warcore's
+  own start-up work, measured where it happens rather than as a difference of two noisy totals;
 * ``ttft_ms``: the median latency of single 1-token requests (after one warm-up request): the
   time to first token through the engine;
-* ``decode_tok_s``: one wave of ``--batch`` requests of ``--new-tokens`` tokens each (4-token
-  prompts: one small prefill, then decode steps), tokens generated per second.
+* ``decode_tok_s``: the median of ``--decode-waves`` waves, each of ``--batch`` requests of
+  ``--new-tokens`` tokens (4-token prompts: one small prefill, then decode steps), tokens
+  generated per second.
 
 Variants: ``sglang`` (warcore-sglang installed but not activated), ``warcore``
 (``WARCORE_SGLANG=1``: every sglang process activated, warcore's plugins resolving sglang's
 declaration points, its event owner asked at every barrier), and ``sglang again`` (the first
-variant once more: the A/A control, measuring the noise floor of the ratios). Each round runs
-the three in a rotated order; ratios are taken within a round and summarised as median (min -
+variant once more: the A/A control, measuring the noise floor of the ratios). ``--plugins``
+sets ``WARCORE_PLUGINS`` (default ``sglang``: warcore-sglang's own declarations). Each round runs
+the three in a rotated order, after ``--warmup`` discarded runs (the first start after a while
+reads a cold page cache: measured 16 ms TTFT against 8 ms right after); ratios are taken
+within a round and summarised as median (min -
 max). The trace is off. On a CPU the barrier's streams and events do nothing, so this measures
 warcore's host-side cost on sglang's path, not the overlap a fine fence buys on a GPU.
 
@@ -30,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -49,24 +57,34 @@ VARIANTS = {
 }
 
 
-def _waves(batch: int, new_tokens: int, ttft_samples: int) -> list[list[serving.Request]]:
+def _waves(args: argparse.Namespace) -> list[list[serving.Request]]:
     warm = [[serving.Request("warm", [5, 6, 7, 8], 4)]]
-    ttft = [[serving.Request(f"ttft-{k}", [9 + k, 10, 11, 12], 1)] for k in range(ttft_samples)]
-    decode = [[serving.Request(f"dec-{k}", [20 + k, 21, 22, 23], new_tokens) for k in range(batch)]]
+    ttft = [
+        [serving.Request(f"ttft-{k}", [9 + k, 10, 11, 12], 1)] for k in range(args.ttft_samples)
+    ]
+    decode = [
+        [
+            serving.Request(f"dec{w}-{k}", [20 + k, 21 + w, 22, 23], args.new_tokens)
+            for k in range(args.batch)
+        ]
+        for w in range(args.decode_waves)
+    ]
     return [*warm, *ttft, *decode]
 
 
 def _one(variant: str, model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     env = {**serving.cpu_env(), **VARIANTS[variant], "WARCORE_SGLANG_TRACE": ""}
+    env["WARCORE_PLUGINS"] = args.plugins
     engine = serving.cpu_engine_args(model, log_level="warning")
-    waves = _waves(args.batch, args.new_tokens, args.ttft_samples)
+    waves = _waves(args)
     result = serving.run_engine(
         engine, waves, env=env, timeout=args.timeout, workdir=work, name=variant.replace(" ", "_")
     )
     ttft = result["wave_s"][1 : 1 + args.ttft_samples]
-    decode_s = result["wave_s"][-1]
+    decode = result["wave_s"][1 + args.ttft_samples :]
+    decode_s = statistics.median(decode)
     log = Path(result["log"]).read_text(errors="replace")
-    active = "warcore active" in log and "scheduler" in log
+    activation = re.search(r"\(scheduler[^)]*\): warcore active in ([0-9.]+) s", log)
     return {
         "variant": variant,
         "startup_s": round(result["startup_s"], 3),
@@ -75,7 +93,9 @@ def _one(variant: str, model: Path, work: Path, args: argparse.Namespace) -> dic
         "ttft_samples_ms": [round(t * 1e3, 2) for t in ttft],
         "decode_tok_s": round(args.batch * args.new_tokens / decode_s, 1),
         "decode_s": round(decode_s, 3),
-        "warcore_active": active,
+        "decode_samples_tok_s": [round(args.batch * args.new_tokens / d, 1) for d in decode],
+        "warcore_active": activation is not None,
+        "scheduler_activation_s": float(activation.group(1)) if activation else None,
     }
 
 
@@ -96,6 +116,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="warcore-bench-server-") as tmp:
         model = serving.write_tiny_model(Path(tmp) / "model")
         names = list(VARIANTS)
+        for k in range(args.warmup):  # the first start after a while reads a cold page cache
+            row = _one("sglang", model, Path(tmp) / f"warmup{k}", args)
+            print(f"warm-up run (discarded): start-up {row['startup_s']:6.2f} s", flush=True)
         for rnd in range(args.rounds):
             order = names[rnd % len(names) :] + names[: rnd % len(names)]
             for variant in order:
@@ -118,13 +141,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 v: statistics.median(r[key] for r in rows if r["variant"] == v) for v in VARIANTS
             },
         }
+    active = [r for r in rows if r["variant"] == "warcore" and r["scheduler_activation_s"]]
+    if active:
+        summary["scheduler_activation"] = {
+            "seconds": _spread([r["scheduler_activation_s"] for r in active]),
+            "share_of_scheduler_startup": _spread(
+                [round(r["scheduler_activation_s"] / r["scheduler_startup_s"], 4) for r in active]
+            ),
+        }
     return {
         "benchmark": "warcore inside sglang 0.5.23's real Engine on a CPU: start-up, TTFT, "
         "decode tokens/s; sglang alone vs warcore active, with an A/A control",
         "rounds": args.rounds,
+        "warmup_runs_discarded": args.warmup,
         "batch": args.batch,
         "new_tokens": args.new_tokens,
         "ttft_samples": args.ttft_samples,
+        "decode_waves": args.decode_waves,
+        "warcore_plugins": args.plugins,
         "runs": rows,
         "summary": summary,
         "load_1min": {"before": loads[0], "during": loads[1:]},
@@ -164,15 +198,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m warcore_sglang.bench_server", description=__doc__
     )
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three variants")
-    parser.add_argument("--batch", type=int, default=8, help="requests in the decode wave")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per decode request")
-    parser.add_argument("--ttft-samples", type=int, default=5, help="1-token requests timed")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the three variants")
+    parser.add_argument("--batch", type=int, default=16, help="requests in a decode wave")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per decode request")
+    parser.add_argument("--decode-waves", type=int, default=3, help="decode waves timed")
+    parser.add_argument("--ttft-samples", type=int, default=10, help="1-token requests timed")
+    parser.add_argument("--warmup", type=int, default=1, help="discarded runs before round 0")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per server run")
+    parser.add_argument(
+        "--plugins",
+        default="sglang",
+        help="WARCORE_PLUGINS for every server (default: sglang, warcore-sglang's own plugin)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the result to FILE")
     args = parser.parse_args(argv)
-    if min(args.rounds, args.batch, args.new_tokens, args.ttft_samples) < 1:
-        parser.error("--rounds, --batch, --new-tokens and --ttft-samples must be at least 1")
+    if min(args.rounds, args.batch, args.new_tokens, args.ttft_samples, args.decode_waves) < 1:
+        parser.error(
+            "--rounds, --batch, --new-tokens, --decode-waves and --ttft-samples must be at least 1"
+        )
+    if args.warmup < 0:
+        parser.error("--warmup must be at least 0")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -182,6 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     result["wall_s"] = round(time.monotonic() - started, 1)
     for key, s in result["summary"].items():
+        if key == "scheduler_activation":
+            sec, share = s["seconds"], s["share_of_scheduler_startup"]
+            print(
+                f"warcore's activation in the scheduler child: {sec['median']:.3f} s "
+                f"({sec['min']:.3f}-{sec['max']:.3f}), {share['median']:.2%} of its start-up"
+            )
+            continue
         w, aa = s["warcore / sglang"], s["A/A: sglang again / sglang"]
         print(
             f"{key:<20} warcore/sglang {w['median']:.3f} ({w['min']:.3f}-{w['max']:.3f})   "

@@ -28,7 +28,8 @@ Switch it on with ``WARCORE_SGLANG_SANITIZE`` in the server's environment, with
   (then one server runs a workload plain and again tagged, and the two are compared).
 
 ``python -m warcore_sglang.sanitize`` does all of it: it starts sglang's ``Engine`` with the
-sglang arguments it is given, runs a two-wave workload (the second wave reuses the
+sglang arguments it is given (and ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE=1`` unless set: sglang's
+prefill fast path is opt-in), runs a two-wave workload (the second wave reuses the
 ``req_to_token`` rows the first freed) plain and then tagged, and reports (exit 1 on a
 violation).
 
@@ -318,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="warcore-sanitize-") as tmp:
         trace_path = str(Path(tmp) / "trace.jsonl")
         env = {trace.ENV_TRACE: trace_path, ENV_SANITIZE: "tagged"}
+        # sglang's prefill fast path is opt-in: on, so that early prefill declarations publish
+        # (and are audited), unless the caller's environment says otherwise
+        env.setdefault(
+            "SGLANG_ENABLE_PREFILL_WAR_READ_DONE",
+            os.environ.get("SGLANG_ENABLE_PREFILL_WAR_READ_DONE", "1"),
+        )
         if args.cpu_tiny_model:
             serving.write_tiny_model(args.cpu_tiny_model)
             engine = serving.cpu_engine_args(args.cpu_tiny_model)

@@ -377,7 +377,14 @@ def summarise(records: list[dict[str, Any]], path: str = "") -> Summary:
 
 
 def _process_line(p: dict[str, Any]) -> str:
-    return f"    pid {p.get('pid')}  {p.get('role', '?'):<12} {p.get('status', '')}"
+    if p.get("active"):
+        names = [x["name"] for x in p.get("plugins", []) if x.get("status") == "active"]
+        status = f"warcore active; plugins: {', '.join(names) or 'none'}"
+    else:
+        status = f"warcore NOT active: {p.get('reason')}"
+    if p.get("sanitize"):
+        status += f"; sanitizer {p['sanitize']}"
+    return f"    pid {p.get('pid')}  {p.get('role', '?'):<12} {status}"
 
 
 def format_summary(summary: Summary) -> str:

@@ -30,7 +30,12 @@ def test_warcore_is_active_in_the_scheduler_child_with_its_plugins(servers: Serv
     log = run.log_text()
     for record in run.kind("process"):
         assert record["line"] in log, record["line"]
-    assert f"process {scheduler['pid']} (scheduler, tp 0, pp 0): warcore active; plugins:" in log
+    took = scheduler["activation_s"]
+    assert 0 < took < 30, took
+    assert (
+        f"process {scheduler['pid']} (scheduler, tp 0, pp 0): warcore active in {took:.3f} s; "
+        "plugins:" in log
+    )
 
 
 def test_installed_but_not_activated_leaves_sglang_deciding(servers: Servers) -> None:
