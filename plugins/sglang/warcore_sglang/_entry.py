@@ -10,8 +10,9 @@ that order:
 3. one start-up line: whether warcore is active in this process and with which plugins, or
    why not (also written to the trace as a ``process`` record).
 
-This module imports nothing but the standard library at import time, so that a broken or
-shadowed ``warcore`` (a folder named ``warcore`` without ``__init__.py`` in the directory a
+This module, and the trace and sanitizer modules it imports, import nothing but the standard
+library at import time (never ``warcore``, ``torch`` or sglang), so that a broken or shadowed
+``warcore`` (a folder named ``warcore`` without ``__init__.py`` in the directory a
 ``python -m`` runs from comes first on ``sys.path`` and hides the installed package) is named
 in that line, instead of sglang's own "Failed to load plugin warcore" (sglang then serves
 without warcore). Never raises.
@@ -27,11 +28,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import ENV_ACTIVATE
+from .sanitize import ENV_SANITIZE
+from .trace import ENV_TRACE
+
 __all__ = ["Status", "shadowed", "sglang_plugin", "startup_line"]
 
-ENV_ACTIVATE = "WARCORE_SGLANG"
-ENV_TRACE = "WARCORE_SGLANG_TRACE"
-ENV_SANITIZE = "WARCORE_SGLANG_SANITIZE"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 

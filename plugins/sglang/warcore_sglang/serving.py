@@ -24,6 +24,7 @@ sanitizer command and the server benchmark.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -141,7 +142,8 @@ def write_tiny_model(directory: str | os.PathLike[str], seed: int = 0) -> Path:
 def cpu_env(boot: Path | None = None) -> dict[str, str]:
     """The environment sglang's serving path needs on a CPU-only machine, every child
     included: the CPU engine, the WAR barrier on without CUDA, the stand-ins, one OpenMP
-    thread per process (unless ``OMP_NUM_THREADS`` is set)."""
+    thread per process (unless ``OMP_NUM_THREADS`` is set), and only the Llama model module
+    imported at start-up (unless ``SGLANG_DISABLED_MODEL_ARCHS`` is set)."""
     env = {
         # One intra-op thread per process: on two shared cores torch's OpenMP threads spin
         # against each other and the other processes (measured, back to back with the default
@@ -152,11 +154,26 @@ def cpu_env(boot: Path | None = None) -> dict[str, str]:
         "WARCORE_SGLANG_STANDINS": STANDINS,
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     }
+    if "SGLANG_DISABLED_MODEL_ARCHS" not in os.environ:
+        env["SGLANG_DISABLED_MODEL_ARCHS"] = ",".join(_model_modules_but(("llama",)))
     boot = BOOT if boot is None else boot
     if boot.is_dir():
         parts = [str(boot), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     return env
+
+
+def _model_modules_but(keep: tuple[str, ...]) -> list[str]:
+    """sglang's model modules (found without importing sglang) other than ``keep``. sglang
+    imports every one of them (255 in 0.5.23) in each process that builds its model registry;
+    ``SGLANG_DISABLED_MODEL_ARCHS``, sglang's own switch, skips them (measured here under load:
+    that import took 18 s of CPU with all of them, 13 s with the Llama module alone)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    models = Path(next(iter(spec.submodule_search_locations))) / "srt" / "models"
+    skip = {*keep, "__init__", "registry"}
+    return sorted(p.stem for p in models.glob("*.py") if p.stem not in skip)
 
 
 def cpu_engine_args(model: str | os.PathLike[str], **overrides: Any) -> dict[str, Any]:
@@ -424,12 +441,14 @@ class HttpServer:
         self.startup_s: float | None = None
 
     def __enter__(self) -> HttpServer:
-        return self.start()
+        return self if self.process is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 180.0) -> HttpServer:
+    def start(self, timeout: float = 300.0) -> HttpServer:
+        """Start the server and wait for ``/health`` (at most ``timeout`` seconds); on any
+        failure, whatever it started is stopped before the error is raised."""
         start = time.monotonic()
         sink = self.log.open("wb")
         try:
@@ -438,7 +457,16 @@ class HttpServer:
             )
         finally:
             sink.close()
-        deadline = start + timeout
+        try:
+            self._wait_healthy(start + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - start
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        assert self.process is not None
         while time.monotonic() < deadline:
             self.pids = sorted({*self.pids, *(p.pid for p in _tree(self.process.pid))})
             if self.process.poll() is not None:
@@ -451,13 +479,9 @@ class HttpServer:
                 urllib.request.urlopen(self.url + "/health", timeout=2) as reply,
             ):
                 if reply.status == 200:
-                    self.startup_s = time.monotonic() - start
-                    return self
+                    return
             time.sleep(0.5)
-        self.stop()
-        raise ServerError(
-            f"/health did not answer within {timeout:.0f} s; log {self.log}:\n{_tail(self.log)}"
-        )
+        raise ServerError(f"/health did not answer in time; log {self.log}:\n{_tail(self.log)}")
 
     def generate(self, requests: list[Request], timeout: float = 120.0) -> dict[str, list[int]]:
         """One ``POST /generate`` for the batch; rid -> output ids."""

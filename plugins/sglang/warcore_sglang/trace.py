@@ -195,6 +195,8 @@ class Tracer(_observe.Listener):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._published: dict[int, tuple[Any, dict[str, Any]]] = {}
+        """model runner (id) -> (its latest published event, that publish's record): one entry
+        per runner, however many events are published that no barrier takes."""
         self._steps = 0
         self._lock = threading.Lock()
 
@@ -218,7 +220,7 @@ class Tracer(_observe.Listener):
             "rids": _rids(_observe.current_batch()),
         }
         with self._lock:
-            self._published[id(publish.event)] = (publish.event, record)
+            self._published[id(publish.model_runner)] = (publish.event, record)
         write_record(self.path, record)
 
     def on_barrier(self, barrier: _observe.Barrier) -> None:
@@ -228,9 +230,8 @@ class Tracer(_observe.Listener):
         with self._lock:
             self._steps += 1
             step = self._steps
-            published = (
-                self._published.pop(id(barrier.event), None) if barrier.event is not None else None
-            )
+            latest = self._published.get(id(barrier.owner))
+            published = latest if latest is not None and latest[0] is barrier.event else None
         branches = [kind for kind, _ in barrier.waits]
         branch = "+".join(branches) if branches else OFF
         runner = barrier.owner if _owner(barrier.owner) != "none" else None

@@ -37,7 +37,7 @@ if missing:  # a broken environment must fail, never skip: nox -s sglang_server 
 
 PARALLEL = int(os.environ.get("WARCORE_SGLANG_SERVER_PARALLEL", "2"))
 """Server configurations started at once (2 cores: two overlap their imports)."""
-TIMEOUT = float(os.environ.get("WARCORE_SGLANG_SERVER_TIMEOUT", "300"))
+TIMEOUT = float(os.environ.get("WARCORE_SGLANG_SERVER_TIMEOUT", "420"))
 """Seconds one server configuration may take, start-up to shutdown."""
 
 WAVES = serving.two_waves(6, 12)
@@ -147,7 +147,8 @@ def _run(config: Config, model: Path, work: Path) -> Run:
     start = time.monotonic()
     if config.http:
         argv = serving.cpu_server_argv(model, attention_backend=config.backend)
-        with serving.HttpServer(argv, env=env, workdir=work, name=config.name) as server:
+        server = serving.HttpServer(argv, env=env, workdir=work, name=config.name)
+        with server.start(timeout=TIMEOUT):
             tokens: dict[str, list[int]] = {}
             for wave in waves:
                 tokens |= server.generate(wave)
