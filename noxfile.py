@@ -221,13 +221,13 @@ def sglang_server(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *dists)
     session.install("--no-deps", *sorted(str(w) for w in wheels.glob("*.whl")))
     session.run("python", "-c", _ASSERT_SGLANG_ENV)
-    tmp = session.create_tmp()
+    tmp = Path(session.create_tmp()).resolve()  # absolute: the chdir below moves into it
     session.chdir(tmp)
     pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
     pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
     pytest_args += ["-W", "ignore::DeprecationWarning", "-rA", "--durations=5"]
     # the servers' logs and traces stay in the session's own folder, whoever else uses /tmp
-    pytest_args += ["--basetemp", str(Path(tmp) / "pytest")]
+    pytest_args += ["--basetemp", str(tmp / "pytest")]
     session.run("python", "-m", "pytest", *pytest_args, str(SGLANG_SERVER_TESTS), *session.posargs)
 
 
