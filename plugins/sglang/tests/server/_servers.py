@@ -60,11 +60,17 @@ class Config:
 CONFIGS = {
     c.name: c
     for c in (
-        # warcore installed (every distribution above) but not activated: sglang alone
-        Config("alone", "torch_native", {}, sanitize=True),
         # warcore active through its launcher, over HTTP; the only plugin allowed declares
-        # torch_native's prefill earlier than sglang does (nobody outvotes it)
-        Config("warcore_http", "torch_native", {"WARCORE_PLUGINS": "early_native"}, http=True),
+        # torch_native's prefill earlier than sglang does (nobody outvotes it), so sglang's own
+        # declaration is what stands, and the sanitizer audits it
+        Config(
+            "warcore_http",
+            "torch_native",
+            {"WARCORE_PLUGINS": "early_native"},
+            http=True,
+            sanitize=True,
+        ),
+        # warcore installed (every distribution above) but not activated: sglang alone
         Config("fork_alone", "fork_native", {}, sanitize=True),
         Config(
             "fork_late",

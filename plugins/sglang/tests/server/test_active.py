@@ -39,22 +39,19 @@ def test_warcore_is_active_in_the_scheduler_child_with_its_plugins(servers: Serv
 
 
 def test_installed_but_not_activated_leaves_sglang_deciding(servers: Servers) -> None:
-    for name in ("alone", "fork_alone"):
-        run = servers[name]
-        processes = run.kind("process")
-        assert {p["role"] for p in processes} >= {"engine", "scheduler", "detokenizer"}
-        for p in processes:
-            assert p["active"] is False and "WARCORE_SGLANG=''" in p["reason"], p
-        barriers = run.kind("barrier")
-        assert barriers and not any(b["warcore"] for b in barriers)
-        # every decision is sglang's own: its classes' declarations, its eager runner
-        assert all(b["provenance"].startswith("sglang") for b in barriers), {
-            b["provenance"] for b in barriers
-        }
-        # sglang's own answer for sglang's own backend: coarse everywhere
-    assert {b["branch"] for b in servers["alone"].kind("barrier")} == {"wait_stream"}
-    # ... and for the fork's backend, its own (early) prefill answer, published before the
-    # forward: the same branch sglang takes without warcore-sglang installed at all
-    fork = servers["fork_alone"]
-    assert {b["branch"] for b in fork.prefills()} == {"wait_event"}
-    assert {b["declared"] for b in fork.prefills()} == {"PRE_REPLAY"}
+    run = servers["fork_alone"]
+    processes = run.kind("process")
+    assert {p["role"] for p in processes} == {"engine", "scheduler", "detokenizer"}
+    for p in processes:
+        assert p["active"] is False and "WARCORE_SGLANG=''" in p["reason"], p
+    barriers = run.kind("barrier")
+    assert barriers and not any(b["warcore"] for b in barriers)
+    # every decision is sglang's own: its classes' declarations, its eager runner
+    assert all(b["provenance"].startswith("sglang") for b in barriers), {
+        b["provenance"] for b in barriers
+    }
+    # the fork backend's own (early) prefill answer, published before the forward: the branch
+    # sglang takes without warcore-sglang installed at all; its eager decode publishes nothing
+    assert {b["branch"] for b in run.prefills()} == {"wait_event"}
+    assert {b["declared"] for b in run.prefills()} == {"PRE_REPLAY"}
+    assert {b["branch"] for b in run.barriers(mode="DECODE")} == {"wait_stream"}
