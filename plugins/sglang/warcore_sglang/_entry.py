@@ -4,7 +4,9 @@ sglang's ``load_plugins()`` calls :func:`sglang_plugin` first thing in every ser
 the launcher, ``Engine``, each scheduler child, the detokenizer, the DP controller. Here, in
 that order:
 
-1. ``WARCORE_SGLANG=1``: activate warcore (:func:`warcore_sglang.activation.install`);
+1. ``WARCORE_SGLANG=1``: activate warcore (:func:`warcore_sglang.activation.install`) in
+   every process that may build a model runner (:data:`NO_RUNNER`: not the launcher, the
+   ``Engine``'s own process, the detokenizer or the DP controller);
 2. ``WARCORE_SGLANG_TRACE=FILE``: trace the process (:mod:`warcore_sglang.trace`), warcore
    active or not; ``WARCORE_SGLANG_SANITIZE``: the sanitizer (:mod:`warcore_sglang.sanitize`);
 3. one start-up line: whether warcore is active in this process and with which plugins, or
@@ -50,6 +52,12 @@ _ROLES = {
     "<module>": "launcher",  # sglang/launch_server.py calls it at module level
 }
 """sglang 0.5.23's functions that call ``load_plugins()`` -> the process's role."""
+NO_RUNNER = frozenset({"engine", "launcher", "detokenizer", "dp-controller"})
+"""Roles of sglang processes that build no model runner (sglang starts every scheduler in a
+process of its own, ``mp.Process(target=run_scheduler_process)``): they make no WAR decision,
+so activating there would only cost their start-up (importing warcore and its plugins: 0.3 s
+to 1 s measured here, on the ``Engine`` process's critical path). Any other role, including
+one this table does not know, is activated."""
 
 
 @dataclass
@@ -63,6 +71,8 @@ class Status:
     reason: str | None
     """Why warcore is not active (``None`` when it is)."""
     level: int
+    left_to_schedulers: bool = False
+    """``WARCORE_SGLANG=1``, but this process builds no model runner: not activated here."""
     plugins: list[dict[str, Any]] = field(default_factory=list)
     activation_s: float | None = None
     """How long activating took in this process (importing warcore, loading its plugins,
@@ -123,6 +133,13 @@ def _activate(status: Status) -> None:
             "another directory or rename that folder"
         )
         status.level = logging.ERROR
+        return
+    if status.role in NO_RUNNER:
+        status.left_to_schedulers = True
+        status.reason = (
+            "left to the scheduler processes (this one builds no model runner; "
+            "warcore_sglang.install() activates it here anyway)"
+        )
         return
     start = time.perf_counter()
     try:
@@ -189,6 +206,8 @@ def startup_line(status: Status) -> str:
         text = f"{who}: warcore active{took}; plugins: {names or 'none'}"
         if failed:
             text += f"; failed to load: {', '.join(failed)}"
+    elif status.left_to_schedulers:
+        text = f"{who}: warcore {status.reason}"
     else:
         text = f"{who}: warcore NOT active: {status.reason}"
     if status.trace:
@@ -233,6 +252,7 @@ def sglang_plugin() -> Status | None:
                     "rank": status.rank,
                     "active": status.active,
                     "reason": status.reason,
+                    "left_to_schedulers": status.left_to_schedulers,
                     "plugins": status.plugins,
                     "activation_s": status.activation_s,
                     "sanitize": status.sanitize,

@@ -381,6 +381,8 @@ def _process_line(p: dict[str, Any]) -> str:
     if p.get("active"):
         names = [x["name"] for x in p.get("plugins", []) if x.get("status") == "active"]
         status = f"warcore active; plugins: {', '.join(names) or 'none'}"
+    elif p.get("left_to_schedulers"):
+        status = "warcore left to the scheduler processes (builds no model runner)"
     else:
         status = f"warcore NOT active: {p.get('reason')}"
     if p.get("sanitize"):

@@ -18,9 +18,13 @@ def test_warcore_is_active_in_the_scheduler_child_with_its_plugins(servers: Serv
     others = {p["name"]: p["status"] for p in scheduler["plugins"] if p["name"] not in loaded}
     assert {"sglang", "fork_late", "fork_raiser"} <= set(others), others
     assert set(others.values()) == {"disabled"}, others
-    # the child is a child: spawned by the launcher, which is active too
-    launcher = [r for r in run.kind("process") if r["pid"] == scheduler["ppid"]]
-    assert launcher and launcher[0]["active"] is True, run.kind("process")
+    # the child is a child: spawned by the launcher, which builds no model runner and leaves
+    # warcore to its scheduler (so does the detokenizer)
+    others = {r["role"]: r for r in run.kind("process") if r["pid"] != scheduler["pid"]}
+    assert others["launcher"]["pid"] == scheduler["ppid"], run.kind("process")
+    assert set(others) == {"launcher", "detokenizer"}
+    for record in others.values():
+        assert record["active"] is False and record["left_to_schedulers"] is True, record
     # its barriers: every one written by that process, all with warcore answering
     barriers = run.kind("barrier")
     assert barriers and {b["pid"] for b in barriers} == {scheduler["pid"]}
