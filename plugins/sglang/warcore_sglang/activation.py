@@ -42,7 +42,8 @@ event an earlier phase left there must not stand for a forward that publishes no
 Modules not imported yet are patched when they are imported (a post-import hook on
 ``sys.meta_path``), so :func:`install` imports nothing of sglang itself: it is what sglang's
 ``load_plugins()`` calls (entry point ``sglang.srt.plugins``: ``warcore``) first thing in
-every server process when ``WARCORE_SGLANG=1``. :func:`uninstall` removes the hook and restores
+every server process when ``WARCORE_SGLANG=1`` (through :mod:`warcore_sglang._entry`, which
+activates only where a model runner may be built). :func:`uninstall` removes the hook and restores
 every patched attribute exactly (the same objects; an attribute that was inherited is deleted
 again).
 """

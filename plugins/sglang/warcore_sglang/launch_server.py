@@ -1,9 +1,10 @@
 """``python -m warcore_sglang.launch_server <sglang arguments>``: sglang's server, with warcore.
 
 The same as ``python -m sglang.launch_server <arguments>``, except that ``WARCORE_SGLANG=1`` is
-set first, so sglang's ``load_plugins()`` activates warcore in this process and in every
-process sglang starts (scheduler and detokenizer children inherit the environment; they run
-``load_plugins()`` first thing). Setting ``WARCORE_SGLANG=1`` yourself and running sglang's own
+set first, so that sglang's ``load_plugins()`` activates warcore in every scheduler process sglang
+starts (the children inherit the environment and run ``load_plugins()`` first thing; the
+launcher and the detokenizer, which build no model runner, leave it to them and say so).
+Setting ``WARCORE_SGLANG=1`` yourself and running sglang's own
 launcher (or ``sglang serve``, or the ``Engine`` API) does the same, except for one check:
 
 Because you asked for warcore by name, this launcher refuses to start a server without it
