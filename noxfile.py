@@ -16,7 +16,9 @@ one more distribution (a source tree or a wheel) into every cell run. The rest o
 arguments after ``--`` go to pytest. See docs/plugin-matrix.md.
 
 ``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
-sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``.
+sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``;
+``nox -s sglang_server`` (``.ci/run`` too) starts sglang 0.5.23's real ``Engine`` and HTTP
+server on this CPU with warcore active and asserts on what their barriers did.
 """
 
 from __future__ import annotations
@@ -259,6 +261,9 @@ SGLANG_PINS = SGLANG / "sglang-0.5.23-pins.txt"
 SGLANG_BOOT = SGLANG / "tests" / "_boot"
 SGLANG_PLUGINS = ("trtllm_mha", "deepseek_v4", "dflash")
 """The repository's plugins (matrix.toml's distributions) installed beside warcore-sglang."""
+SGLANG_SERVER_PINS = SGLANG / "sglang-0.5.23-server-pins.txt"
+SGLANG_SERVER_TESTS = SGLANG / "tests" / "server"
+SGLANG_TEST_DISTS = ["sglang_fork_attn", "warcore_sglang_test_plugins"]
 _ASSERT_SGLANG_ENV = (
     "from importlib.metadata import version as v; "
     "assert v('sglang') == '0.5.23', v('sglang'); "
@@ -290,10 +295,47 @@ def sglang(session: nox.Session) -> None:
     pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
     pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
     pytest_args += ["-W", "ignore::DeprecationWarning"]
-    session.run("python", "-m", "pytest", *pytest_args, str(SGLANG / "tests"), *session.posargs)
+    tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
+    session.run("python", "-m", "pytest", *pytest_args, *tests, *session.posargs)
     env = {"PYTHONPATH": str(SGLANG_BOOT)}
     bench = ["python", "-m", "warcore_sglang.bench", "--calls", "20000", "--repeat", "3"]
     session.run(*bench, env=env)
+
+
+@nox.session
+def sglang_server(session: nox.Session) -> None:
+    """warcore-sglang inside sglang 0.5.23's real servers, on a CPU (not in the default
+    sessions: ``nox -s sglang_server``; ``.ci/run`` runs it).
+
+    The venv: torch==2.13.0 (CPU) from the shared torch env, sglang and what its serving path
+    imports here from ``plugins/sglang/sglang-0.5.23-server-pins.txt`` (``--no-deps``, as for
+    ``nox -s sglang``), warcore and warcore-sglang (editable, ``--no-deps``; their entry points
+    are what sglang and warcore load), and the test distributions of
+    ``plugins/sglang/tests/server/dists`` built as wheels and installed: an out-of-tree sglang
+    attention backend and third-party warcore plugins. ``sgl_kernel``, ``triton`` and
+    ``torchvision`` are import-only stand-ins (``plugins/sglang/tests/_boot``, reaching every
+    process through ``PYTHONPATH``). The tests start the real ``Engine`` and
+    ``python -m warcore_sglang.launch_server`` (HTTP on 127.0.0.1) from a tiny model written
+    by the test, bound every wait and stop every process by its pid.
+    """
+    _share_torch(session)
+    session.install("--no-deps", "-r", str(SGLANG_SERVER_PINS))
+    session.install(PLUGGY["newest"], "pytest>=8")
+    session.install("--no-deps", "-e", str(ROOT), "-e", str(SGLANG))
+    wheels = Path(session.create_tmp()) / "dists"
+    shutil.rmtree(wheels, ignore_errors=True)
+    dists = [str(SGLANG_SERVER_TESTS / "dists" / d) for d in SGLANG_TEST_DISTS]
+    session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *dists)
+    session.install("--no-deps", *sorted(str(w) for w in wheels.glob("*.whl")))
+    session.run("python", "-c", _ASSERT_SGLANG_ENV)
+    tmp = Path(session.create_tmp()).resolve()  # absolute: the chdir below moves into it
+    session.chdir(tmp)
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
+    pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
+    pytest_args += ["-W", "ignore::DeprecationWarning", "-rA", "--durations=5"]
+    # the servers' logs and traces stay in the session's own folder, whoever else uses /tmp
+    pytest_args += ["--basetemp", str(tmp / "pytest")]
+    session.run("python", "-m", "pytest", *pytest_args, str(SGLANG_SERVER_TESTS), *session.posargs)
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience

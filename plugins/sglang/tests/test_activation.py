@@ -182,6 +182,37 @@ def test_third_party_declaring_dsv4_decode_post_replay_moves_sglangs_decision(
     assert "_warcore_sglang_sre" not in vars(dsv4)  # ... is taken off again
 
 
+def test_the_runners_last_answer_is_reused_only_while_nothing_changed(installed: Any) -> None:
+    sgl = _sgl()
+    runner, dsv4 = _runner(), leaf("dsv4", algorithm("none"))
+    decode = sgl.mode.DECODE
+    for _ in range(3):  # resolve, then the table, then the runner's last answer
+        assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
+    assert vars(runner)["_warcore_sglang_last"][-1] is sgl.ends.IN_REPLAY
+    # another backend on the same runner (pdmux): its own answer, not the last one
+    trt = leaf("trtllm_mha", algorithm("none"))
+    installed.register(Declares("sglang_trtllm_mha", W.DECODE, SharedReadBoundary.UNKNOWN), "u")
+    assert runner._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
+    assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
+    # the in-graph event gone (a re-capture without a marker): IN_REPLAY becomes POST_REPLAY
+    runner.in_graph_metadata_prep_done = None
+    assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.POST_REPLAY
+    runner.in_graph_metadata_prep_done = object()
+    for _ in range(2):  # remembered again, for this event
+        assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
+    assert vars(runner)["_warcore_sglang_last"][2] is runner.in_graph_metadata_prep_done
+    # a plugin registered: a new generation, the last answer is not reused
+    installed.register(Declares("sglang_dsv4", W.DECODE, SharedReadBoundary.POST_REPLAY), "late")
+    assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.POST_REPLAY
+    # an UNKNOWN is never remembered: each replay clears the mailbox again
+    for _ in range(2):
+        runner.model_runner.shared_read_done_event = "stale"
+        assert runner._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
+        assert runner.model_runner.shared_read_done_event is None
+    warcore_sglang.uninstall()
+    assert "_warcore_sglang_last" not in vars(runner)
+
+
 def test_an_earlier_declaration_is_a_conflict_and_the_later_stands(installed: Any) -> None:
     sgl = _sgl()
     runner, dsv4 = _runner(), leaf("dsv4", algorithm("sglang_eagle"))

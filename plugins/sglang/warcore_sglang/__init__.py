@@ -63,7 +63,8 @@ __all__ = [
 __version__ = "0.1.0"
 
 ENV_ACTIVATE = "WARCORE_SGLANG"
-"""``1``: sglang's plugin loader activates warcore in every server process."""
+"""``1``: sglang's plugin loader activates warcore in every server process that may build a
+model runner (each scheduler child; not the launcher, the detokenizer or the DP controller)."""
 ENV_CHECK_RANKS = "WARCORE_SGLANG_CHECK_RANKS"
 """``1``: after each scheduler starts, check that every rank resolved the same decisions
 (raise naming the ranks and cells); ``warn``: log it instead."""

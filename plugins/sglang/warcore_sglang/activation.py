@@ -42,7 +42,8 @@ event an earlier phase left there must not stand for a forward that publishes no
 Modules not imported yet are patched when they are imported (a post-import hook on
 ``sys.meta_path``), so :func:`install` imports nothing of sglang itself: it is what sglang's
 ``load_plugins()`` calls (entry point ``sglang.srt.plugins``: ``warcore``) first thing in
-every server process when ``WARCORE_SGLANG=1``. :func:`uninstall` removes the hook and restores
+every server process when ``WARCORE_SGLANG=1`` (through :mod:`warcore_sglang._entry`, which
+activates only where a model runner may be built). :func:`uninstall` removes the hook and restores
 every patched attribute exactly (the same objects; an attribute that was inherited is deleted
 again).
 """
@@ -51,9 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import logging
 import os
 import sys
@@ -77,11 +75,14 @@ from warcore.core import (
 
 from . import _sglang
 from ._names import LEAVES, PREFIX, REGISTRY_CLASSES, SRT, WRAPPERS, warcore_name
+from ._post_import import PostImportFinder
 
 __all__ = [
     "ENV_ACTIVATE",
     "ENV_CHECK_RANKS",
     "UnsupportedSglangError",
+    "explain",
+    "explain_prefill",
     "identify",
     "install",
     "is_installed",
@@ -96,10 +97,10 @@ ENV_CHECK_RANKS = "WARCORE_SGLANG_CHECK_RANKS"
 logger = logging.getLogger("warcore.sglang")
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 _MISSING = object()
 _SRE = "_warcore_sglang_sre"
 _PREFILL = "_warcore_sglang_prefill"
+_LAST = "_warcore_sglang_last"  # a decode runner's last answer
 
 
 class UnsupportedSglangError(RuntimeError):
@@ -120,7 +121,7 @@ class _Patch:
 class _State:
     pm: WarcorePluginManager
     patches: list[_Patch] = field(default_factory=list)
-    finder: _PostImportFinder | None = None
+    finder: PostImportFinder | None = None
     plugin_names: frozenset[str] = frozenset()
 
 
@@ -134,7 +135,8 @@ _DECODE: dict[Any, list[dict[Any, Any]]] = {}
 _PUBLISH: dict[Any, bool] = {}
 """sglang algorithm -> warcore's publish phase for EXTEND."""
 _CACHED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""Backends holding a per-instance cache: :func:`uninstall` takes it off them again."""
+"""Backends and decode runners holding a per-instance cache: :func:`uninstall` takes it off
+them again."""
 
 
 def _invalidate() -> None:
@@ -319,49 +321,89 @@ def _sglang_own(backend: Any, smode: Any) -> SharedReadBoundary:
         return _sglang.boundary_of(type(backend).shared_read_ends(backend, smode))
 
 
-def _declared(backend: Any, mode: ForwardMode) -> tuple[SharedReadBoundary, BoundaryContext]:
-    """warcore's boundary for the instance, never earlier than sglang's own answer for it."""
+def _declared(backend: Any, mode: ForwardMode) -> tuple[SharedReadBoundary, BoundaryContext, str]:
+    """warcore's boundary for the instance, never earlier than sglang's own answer for it, and
+    its provenance."""
     pm = _pm()
     name, ctx = identify(backend)
     smode = _sglang.sglang_mode(mode)
     own = _sglang_own(backend, smode)
+    cls = type(backend).__qualname__
     if name is None:
         _log_once(
             ("unnamed", type(backend)),
             logging.WARNING,
-            f"warcore-sglang: {type(backend).__qualname__} is not a backend warcore-sglang can "
+            f"warcore-sglang: {cls} is not a backend warcore-sglang can "
             "name: its own declaration applies (with warcore's vetoes and force-coarse); no "
             "plugin can declare for it",
         )
-        return own, ctx
-    boundary = resolve_shared_read_boundary(name, mode, ctx, pm=pm).boundary
+        return own, ctx, f"sglang:{cls}.shared_read_ends (unnamed: no plugin can declare)"
+    resolution = resolve_shared_read_boundary(name, mode, ctx, pm=pm)
+    boundary = resolution.boundary
     if own > boundary:
         _log_once(
             ("later", type(backend), mode, ctx),
             logging.WARNING,
-            f"warcore-sglang: {type(backend).__qualname__} itself declares {own.name} for "
+            f"warcore-sglang: {cls} itself declares {own.name} for "
             f"{mode.name}, later than warcore's {boundary.name} for {name!r} under {ctx}: "
             f"using {own.name}",
         )
-        boundary = own
-    return boundary, ctx
+        return (
+            own,
+            ctx,
+            (f"sglang:{cls}.shared_read_ends (later than {resolution.source}'s {boundary.name})"),
+        )
+    source = resolution.source
+    if len({b for _, b in resolution.answers}) > 1:  # say who answered what
+        source += " (" + ", ".join(f"{p}: {b.name}" for p, b in resolution.answers) + ")"
+    return boundary, ctx, source
+
+
+# -- explain: the answer with its provenance (the trace and the sanitizer report it) ------
+
+
+def explain(backend: Any, smode: Any) -> tuple[SharedReadBoundary, str]:
+    """What the patched ``shared_read_ends`` answers for (instance, sglang mode), and why: a
+    provenance such as ``plugin:sglang``, ``default:failed:<plugin>``, ``forced-coarse``,
+    ``veto:...`` or ``sglang:<Class>.shared_read_ends (...)``."""
+    mode = _sglang.warcore_mode(smode)
+    boundary, ctx, source = _declared(backend, mode)
+    pm = _pm()
+    if pm.config.force_coarse:
+        return SharedReadBoundary.UNKNOWN, "forced-coarse"
+    veto = resolve_fast_path_veto(mode, ctx, pm=pm)
+    if veto.vetoed:
+        return SharedReadBoundary.UNKNOWN, veto.source
+    # EXTEND's gate is the algorithm's supports_prefill_shared_read_done (patched too); no
+    # other sglang runner gates on the algorithm, so a phase that does not publish is UNKNOWN.
+    if mode is not ForwardMode.EXTEND:
+        phase = resolve_war_publish_phase(ctx.algorithm, mode, pm=pm)
+        if not phase.publishes:
+            return SharedReadBoundary.UNKNOWN, f"not the publish phase ({phase.source})"
+    return boundary, source
+
+
+def explain_prefill(backend: Any) -> tuple[SharedReadBoundary, str]:
+    """The static prefill decision of the patched ``resolve_prefill_shared_read_ends`` for the
+    instance (sglang's switches, warcore's gate, the declaration) and its provenance. A
+    backend's per-batch snapshot can only move it later."""
+    base = _base_module()
+    if base.envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():
+        return SharedReadBoundary.UNKNOWN, "sglang:SGLANG_FORCE_COARSE_WAR_BARRIER"
+    if not base.envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.get():
+        return SharedReadBoundary.UNKNOWN, "sglang:SGLANG_ENABLE_PREFILL_WAR_READ_DONE is off"
+    closed, _, _ = _prefill_decision(backend)
+    if closed is not None:
+        return SharedReadBoundary.UNKNOWN, closed
+    return explain(backend, _sglang.api().ForwardMode.EXTEND)
+
+
+# -- end of explain -------------------------------------------------------------------------
 
 
 def _effective(backend: Any, smode: Any) -> Any:
     """What the patched ``shared_read_ends`` returns for (instance, sglang mode)."""
-    mode = _sglang.warcore_mode(smode)
-    boundary, ctx = _declared(backend, mode)
-    pm = _pm()
-    vetoed = pm.config.force_coarse or resolve_fast_path_veto(mode, ctx, pm=pm).vetoed
-    # EXTEND's gate is the algorithm's supports_prefill_shared_read_done (patched too); no
-    # other sglang runner gates on the algorithm, so a phase that does not publish is UNKNOWN.
-    silent = (
-        mode is not ForwardMode.EXTEND
-        and not resolve_war_publish_phase(ctx.algorithm, mode, pm=pm).publishes
-    )
-    if vetoed or silent:
-        boundary = SharedReadBoundary.UNKNOWN
-    return _sglang.ends_of(boundary)
+    return _sglang.ends_of(explain(backend, smode)[0])
 
 
 def _store(backend: Any, key: str, gen: int, field_: Any, value: Any) -> None:
@@ -417,23 +459,26 @@ def _others(resolution: BoundaryResolution, ours: frozenset[str]) -> SharedReadB
     return latest(found)
 
 
-def _prefill_decision(backend: Any) -> tuple[bool, Any, Any]:
-    """(the prefill may publish, the static answer, the latest other plugin's answer)."""
+def _prefill_decision(backend: Any) -> tuple[str | None, Any, Any]:
+    """(why the prefill may not publish, None when it may; the static answer; the latest other
+    plugin's answer)."""
     api = _sglang.api()
     pm = _pm()
     name, ctx = identify(backend)
     extend = ForwardMode.EXTEND
-    gate = not (
-        pm.config.force_coarse
-        or resolve_fast_path_veto(extend, ctx, pm=pm).vetoed
-        or not resolve_war_publish_phase(ctx.algorithm, extend, pm=pm).publishes
-    )
+    closed: str | None = None
+    if pm.config.force_coarse:
+        closed = "forced-coarse"
+    elif (veto := resolve_fast_path_veto(extend, ctx, pm=pm)).vetoed:
+        closed = veto.source
+    elif not (phase := resolve_war_publish_phase(ctx.algorithm, extend, pm=pm)).publishes:
+        closed = f"not the publish phase ({phase.source})"
     static = backend.shared_read_ends(api.ForwardMode.EXTEND)
     others = SharedReadBoundary.PRE_REPLAY
     if name is not None:
         ours = _state.plugin_names if _state is not None else frozenset()
         others = _others(resolve_shared_read_boundary(name, extend, ctx, pm=pm), ours)
-    return gate, static, _sglang.ends_of(others)
+    return closed, static, _sglang.ends_of(others)
 
 
 def _base_module() -> Any:
@@ -478,8 +523,8 @@ def _make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
                 )
                 return unknown
             _store(self, _PREFILL, gen, "decision", decision)
-        gate, static, others = decision
-        if not gate:
+        closed, static, others = decision
+        if closed is not None:
             return unknown
         if not build_snapshot:
             return static
@@ -533,12 +578,32 @@ def _make_resolve_decode(original: Callable[..., Any]) -> Callable[..., Any]:
         return ends
 
     def _resolve_shared_read_ends(self: Any, attn_backend: Any, forward_mode: Any) -> Any:
+        # The runner's last answer, while nothing changed (the same backend, mode and in-graph
+        # event, the same generation): identity tests on one tuple, the cheapest Python answer
+        # (python -m warcore_sglang.bench measures it against an empty method).
+        try:
+            backend, mode, event, gen, ends = self._warcore_sglang_last
+            if (
+                backend is attn_backend
+                and mode is forward_mode
+                and event is self.in_graph_metadata_prep_done
+                and gen == _gen
+            ):
+                return ends
+        except AttributeError:
+            pass
+        gen = _gen
         per = _DECODE.get(attn_backend)
         if per is not None:
-            ends = per[self.in_graph_metadata_prep_done is not None].get(forward_mode)
+            event = self.in_graph_metadata_prep_done
+            ends = per[event is not None].get(forward_mode)
             if ends is not None:
                 if ends is unknown:
-                    _clear(self)
+                    _clear(self)  # a side effect on every call: never remembered
+                else:
+                    with contextlib.suppress(AttributeError, TypeError):  # __slots__, no weakref
+                        self._warcore_sglang_last = (attn_backend, forward_mode, event, gen, ends)
+                        _CACHED.add(self)
                 return ends
         return slow(self, attn_backend, forward_mode)
 
@@ -796,49 +861,6 @@ _WATCH: dict[str, Callable[[ModuleType], None]] = {
 _SCHEDULER = SRT + "managers.scheduler"
 
 
-class _CallbackLoader(importlib.abc.Loader):
-    """Runs the real loader, then patches the module it loaded."""
-
-    def __init__(self, loader: Any, callback: Callable[[ModuleType], None]) -> None:
-        self._loader = loader
-        self._callback = callback
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)  # type: ignore[no-any-return]
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        _apply(self._callback, module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for inspect
-        return getattr(self._loader, name)
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Patches a watched sglang module right after it is first imported."""
-
-    def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]]) -> None:
-        self.callbacks = dict(callbacks)
-        self._busy: set[str] = set()
-
-    def find_spec(
-        self, fullname: str, path: Any = None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        callback = self.callbacks.get(fullname)
-        if callback is None or fullname in self._busy:
-            return None
-        self._busy.add(fullname)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy.discard(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        del self.callbacks[fullname]
-        spec.loader = _CallbackLoader(spec.loader, callback)
-        return spec
-
-
 def _apply(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
     with _lock:
         if _state is None:
@@ -897,7 +919,9 @@ def install(*, check_ranks: bool | None = None) -> None:
         if check_ranks:
             watch[_SCHEDULER] = _on_scheduler
         pending = {name: cb for name, cb in watch.items() if name not in sys.modules}
-        state.finder = _PostImportFinder(pending)
+        state.finder = PostImportFinder(
+            {name: functools.partial(_apply, cb) for name, cb in pending.items()}
+        )
         sys.meta_path.insert(0, state.finder)
         try:
             for name, callback in watch.items():
@@ -944,33 +968,16 @@ def uninstall() -> None:
         for backend in list(_CACHED):
             backend.__dict__.pop(_SRE, None)
             backend.__dict__.pop(_PREFILL, None)
+            backend.__dict__.pop(_LAST, None)
         _CACHED.clear()
     logger.info("warcore-sglang: uninstalled from process %d", os.getpid())
 
 
 def sglang_plugin() -> None:
     """sglang's plugin entry point (group ``sglang.srt.plugins``): activate when
-    ``WARCORE_SGLANG=1``. Never raises; logs why it did or did not activate."""
-    try:
-        flag = os.environ.get(ENV_ACTIVATE, "").strip().lower()
-        if flag not in _TRUE:
-            # A value that is neither on nor off is an operator's mistake: say so loudly.
-            level = logging.INFO if flag in _FALSE else logging.WARNING
-            logger.log(
-                level,
-                "warcore-sglang: not activated in process %d (%s=%r; set it to 1, or launch "
-                "with python -m warcore_sglang.launch_server)",
-                os.getpid(),
-                ENV_ACTIVATE,
-                flag,
-            )
-            return
-        install()
-        logger.info("warcore-sglang: activated by %s=1 in process %d", ENV_ACTIVATE, os.getpid())
-    except Exception as exc:
-        logger.error(
-            "warcore-sglang: NOT activated in process %d: %s: %s",
-            os.getpid(),
-            type(exc).__name__,
-            exc,
-        )
+    ``WARCORE_SGLANG=1``, and log the process's start-up line. Never raises. The entry point
+    itself is :func:`warcore_sglang._entry.sglang_plugin` (it imports no ``warcore`` before it
+    knows whether the package is shadowed); this name stays for callers of 0.1.0."""
+    from ._entry import sglang_plugin as entry
+
+    entry()

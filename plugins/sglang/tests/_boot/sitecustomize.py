@@ -3,19 +3,38 @@
 Put this folder on ``PYTHONPATH`` (``conftest.py`` does, for the subprocesses of the
 warcore-sglang tests: ``warcore matrix``, multiprocessing ``spawn`` children, the benchmark)
 and Python imports it at start-up: it appends a finder to the END of ``sys.meta_path`` that
-serves ``triton`` and ``torchvision`` from ``../_standins`` only when no other finder found the
-real package, so a machine with real triton (or torchvision) keeps using it.
+serves ``triton`` and ``torchvision`` (and, when ``WARCORE_SGLANG_STANDINS`` names it,
+``sgl_kernel``) from ``../_standins`` only when no other finder found the real package, so a
+machine with the real package keeps using it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 STANDINS = Path(__file__).resolve().parent.parent / "_standins"
-NAMES = ("triton", "torchvision")
+DEFAULT = ("triton", "torchvision")
+ENV = "WARCORE_SGLANG_STANDINS"
+"""Comma list of the stand-ins to serve (default ``triton,torchvision``; the real-server tests
+add ``sgl_kernel``, which sglang's CPU engine imports)."""
+
+
+def _names() -> tuple[str, ...]:
+    raw = os.environ.get(ENV)
+    if raw is None:
+        return DEFAULT
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    unknown = [n for n in names if not (STANDINS / n / "__init__.py").is_file()]
+    if unknown:
+        raise ImportError(f"{ENV}={raw!r}: no stand-in for {', '.join(unknown)} in {STANDINS}")
+    return names
+
+
+NAMES = _names()
 
 
 class StandinFinder:

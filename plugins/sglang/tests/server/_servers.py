@@ -1,0 +1,200 @@
+"""Real sglang 0.5.23 servers for the tests of this folder (``nox -s sglang_server``); the
+fixtures are in ``conftest.py``.
+
+Each configuration below is one real server start: sglang's ``Engine`` in a child process
+(:func:`warcore_sglang.serving.run_engine`), or ``python -m warcore_sglang.launch_server`` over
+HTTP on 127.0.0.1 with a free port; every wait is bounded and every process is stopped by its
+pid, also when a test fails. The configurations start in the background as the session begins,
+two at a time, and each is shared by every test that asserts on it: a test asks for its
+configuration's :class:`Run` (tokens, trace records, log).
+
+Installed as distributions in the session's venv (entry points, not ``register()`` calls):
+warcore, warcore-sglang, ``dists/sglang_fork_attn`` (an out-of-tree sglang backend) and
+``dists/warcore_sglang_test_plugins`` (third-party warcore plugins); each server picks its
+warcore plugins with ``WARCORE_PLUGINS``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from warcore_sglang import sanitize, serving, trace
+
+REQUIRED = ("sglang_fork_attn", "warcore_sglang_test_plugins", "xgrammar", "psutil")
+missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+if missing:  # a broken environment must fail, never skip: nox -s sglang_server installs these
+    raise pytest.UsageError(
+        f"the real-server tests need {', '.join(missing)} installed: run them with "
+        "nox -s sglang_server"
+    )
+
+PARALLEL = int(os.environ.get("WARCORE_SGLANG_SERVER_PARALLEL", "2"))
+"""Server configurations started at once (2 cores: two overlap their imports)."""
+TIMEOUT = float(os.environ.get("WARCORE_SGLANG_SERVER_TIMEOUT", "420"))
+"""Seconds one server configuration may take, start-up to shutdown."""
+
+WAVES = serving.two_waves(6, 12)
+TAGGED = serving.tagged(WAVES, sanitize.TAG)
+COMMON = {"SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1"}
+"""sglang's prefill read-done fast path is opt-in; on, so that a backend declaring prefill
+``PRE_REPLAY`` publishes early under sglang alone."""
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    backend: str
+    env: dict[str, str]
+    http: bool = False
+    sanitize: bool = False
+    """Run the waves plain, then again tagged (the sanitizer poisons the tagged batches)."""
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        # warcore active through its launcher, over HTTP; the only plugin allowed declares
+        # torch_native's prefill earlier than sglang does (nobody outvotes it), so sglang's own
+        # declaration is what stands, and the sanitizer audits it
+        Config(
+            "warcore_http",
+            "torch_native",
+            {"WARCORE_PLUGINS": "early_native"},
+            http=True,
+            sanitize=True,
+        ),
+        # warcore installed (every distribution above) but not activated: sglang alone
+        Config("fork_alone", "fork_native", {}, sanitize=True),
+        Config(
+            "fork_late",
+            "fork_native",
+            {"WARCORE_SGLANG": "1", "WARCORE_PLUGINS": "sglang,fork_late"},
+            sanitize=True,
+        ),
+        Config(
+            "fork_raiser",
+            "fork_native",
+            {"WARCORE_SGLANG": "1", "WARCORE_PLUGINS": "sglang,fork_raiser"},
+        ),
+        Config(
+            "force_coarse",
+            "fork_native",
+            {"WARCORE_SGLANG": "1", "WARCORE_PLUGINS": "sglang", "WARCORE_FORCE_COARSE": "1"},
+        ),
+    )
+}
+
+
+@dataclass
+class Run:
+    """What one real server did."""
+
+    config: Config
+    tokens: dict[str, list[int]]
+    records: list[dict[str, Any]]
+    log: str
+    trace_path: Path
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("kind") == kind]
+
+    def barriers(self, **match: Any) -> list[dict[str, Any]]:
+        return [r for r in self.kind("barrier") if all(r.get(k) == v for k, v in match.items())]
+
+    def prefills(self) -> list[dict[str, Any]]:
+        """The ``EXTEND`` barriers of the workload's batches (the HTTP server's own warm-up and
+        health-check requests left out)."""
+        ours = {r.rid for wave in (*WAVES, *TAGGED) for r in wave}
+        return [b for b in self.barriers(mode="EXTEND") if set(b.get("rids", [])) & ours]
+
+    def scheduler(self) -> dict[str, Any]:
+        """The process record of the (one) scheduler child."""
+        found = [r for r in self.kind("process") if r["role"] == "scheduler"]
+        assert len(found) == 1, (found, self.log_tail())
+        return found[0]
+
+    def plain(self) -> dict[str, list[int]]:
+        return {k: v for k, v in self.tokens.items() if not k.startswith(sanitize.TAG)}
+
+    def poisoned(self) -> dict[str, list[int]]:
+        return {k: v for k, v in self.tokens.items() if k.startswith(sanitize.TAG)}
+
+    def log_text(self) -> str:
+        return Path(self.log).read_text(errors="replace")
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def _env(config: Config, trace_path: Path) -> dict[str, str]:
+    env = {**serving.cpu_env(), **COMMON, **config.env, trace.ENV_TRACE: str(trace_path)}
+    if config.sanitize:
+        env[sanitize.ENV_SANITIZE] = "tagged"
+    for var in ("WARCORE_SGLANG", "WARCORE_PLUGINS", "WARCORE_FORCE_COARSE"):
+        env.setdefault(var, "")  # nothing leaks in from the environment the tests run in
+    return env
+
+
+def _run(config: Config, model: Path, work: Path) -> Run:
+    work.mkdir(parents=True, exist_ok=True)
+    trace_path = work / "trace.jsonl"
+    trace_path.unlink(missing_ok=True)
+    env = _env(config, trace_path)
+    waves = [*WAVES, *TAGGED] if config.sanitize else WAVES
+    start = time.monotonic()
+    if config.http:
+        argv = serving.cpu_server_argv(model, attention_backend=config.backend)
+        server = serving.HttpServer(argv, env=env, workdir=work, name=config.name)
+        with server.start(timeout=TIMEOUT):
+            tokens: dict[str, list[int]] = {}
+            for wave in waves:
+                tokens |= server.generate(wave)
+            extra = {"startup_s": server.startup_s, "pids": server.pids}
+        log = str(server.log)
+    else:
+        result = serving.run_engine(
+            serving.cpu_engine_args(model, attention_backend=config.backend),
+            waves,
+            env=env,
+            timeout=TIMEOUT,
+            workdir=work,
+            name=config.name,
+        )
+        tokens, log, extra = result["tokens"], result["log"], result
+    return Run(
+        config,
+        tokens,
+        trace.read_trace(trace_path),
+        log,
+        trace_path,
+        time.monotonic() - start,
+        extra,
+    )
+
+
+class Servers:
+    """The configurations, started in the background, each awaited by the tests using it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.model = serving.write_tiny_model(root / "model")
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL)
+        self.futures = {
+            name: self.pool.submit(_run, config, self.model, root / name)
+            for name, config in CONFIGS.items()
+        }
+
+    def __getitem__(self, name: str) -> Run:
+        return self.futures[name].result(timeout=TIMEOUT * len(CONFIGS))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

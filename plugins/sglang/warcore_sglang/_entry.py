@@ -1,0 +1,270 @@
+"""sglang's plugin entry point (group ``sglang.srt.plugins``, name ``warcore``).
+
+sglang's ``load_plugins()`` calls :func:`sglang_plugin` first thing in every server process:
+the launcher, ``Engine``, each scheduler child, the detokenizer, the DP controller. Here, in
+that order:
+
+1. ``WARCORE_SGLANG=1``: activate warcore (:func:`warcore_sglang.activation.install`) in
+   every process that may build a model runner (:data:`NO_RUNNER`: not the launcher, the
+   ``Engine``'s own process, the detokenizer or the DP controller);
+2. ``WARCORE_SGLANG_TRACE=FILE``: trace the process (:mod:`warcore_sglang.trace`), warcore
+   active or not; ``WARCORE_SGLANG_SANITIZE``: the sanitizer (:mod:`warcore_sglang.sanitize`);
+3. one start-up line: whether warcore is active in this process and with which plugins, or
+   why not (also written to the trace as a ``process`` record).
+
+This module, and the trace and sanitizer modules it imports, import nothing but the standard
+library at import time (never ``warcore``, ``torch`` or sglang), so that a broken or shadowed
+``warcore`` (a folder named ``warcore`` without ``__init__.py`` in the directory a
+``python -m`` runs from comes first on ``sys.path`` and hides the installed package) is named
+in that line, instead of sglang's own "Failed to load plugin warcore" (sglang then serves
+without warcore). Never raises.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ENV_ACTIVATE
+from .sanitize import ENV_SANITIZE
+from .trace import ENV_TRACE
+
+__all__ = ["Status", "shadowed", "sglang_plugin", "startup_line"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+logger = logging.getLogger("warcore.sglang")
+
+_ROLES = {
+    "run_scheduler_process": "scheduler",
+    "run_detokenizer_process": "detokenizer",
+    "run_data_parallel_controller_process": "dp-controller",
+    "__init__": "engine",
+    "launch_server": "launcher",
+    "run_server": "launcher",
+    "main": "launcher",
+    "<module>": "launcher",  # sglang/launch_server.py calls it at module level
+}
+"""sglang 0.5.23's functions that call ``load_plugins()`` -> the process's role."""
+NO_RUNNER = frozenset({"engine", "launcher", "detokenizer", "dp-controller"})
+"""Roles of sglang processes that build no model runner (sglang starts every scheduler in a
+process of its own, ``mp.Process(target=run_scheduler_process)``): they make no WAR decision,
+so activating there would only cost their start-up (importing warcore and its plugins: 0.3 s
+to 1 s measured here, on the ``Engine`` process's critical path). Any other role, including
+one this table does not know, is activated."""
+
+
+@dataclass
+class Status:
+    """What :func:`sglang_plugin` did in this process."""
+
+    pid: int
+    role: str
+    rank: dict[str, Any]
+    active: bool
+    reason: str | None
+    """Why warcore is not active (``None`` when it is)."""
+    level: int
+    left_to_schedulers: bool = False
+    """``WARCORE_SGLANG=1``, but this process builds no model runner: not activated here."""
+    plugins: list[dict[str, Any]] = field(default_factory=list)
+    activation_s: float | None = None
+    """How long activating took in this process (importing warcore, loading its plugins,
+    patching what sglang had imported): warcore's own start-up cost."""
+    trace: str | None = None
+    sanitize: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def _role() -> tuple[str, dict[str, Any]]:
+    """The role of this process, from the sglang function that called ``load_plugins()``
+    (and, in a scheduler child, its ranks, from that function's arguments)."""
+    frame = sys._getframe(1)
+    depth = 0
+    while frame is not None and depth < 12:
+        if frame.f_code.co_name == "load_plugins" and frame.f_back is not None:
+            caller = frame.f_back
+            role = _ROLES.get(caller.f_code.co_name, caller.f_code.co_name)
+            rank = {}
+            if role == "scheduler":
+                local = caller.f_locals
+                rank = {k: local.get(f"{k}_rank") for k in ("tp", "pp", "dp")}
+            return role, rank
+        frame = frame.f_back  # type: ignore[assignment]
+        depth += 1
+    return "process", {}
+
+
+def shadowed(name: str = "warcore") -> str | None:
+    """Where ``import name`` would find a namespace package (a folder without
+    ``__init__.py``) instead of the installed package; ``None`` when it does not."""
+    module = sys.modules.get(name)
+    try:
+        spec = module.__spec__ if module is not None else importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin not in (None, "namespace"):
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    return ", ".join(locations) or "(unknown location)"
+
+
+def _activate(status: Status) -> None:
+    flag = os.environ.get(ENV_ACTIVATE, "").strip().lower()
+    if flag not in _TRUE:
+        status.reason = (
+            f"{ENV_ACTIVATE}={flag!r} (set it to 1, or launch with "
+            "python -m warcore_sglang.launch_server)"
+        )
+        # A value that is neither on nor off is an operator's mistake: say so loudly.
+        status.level = logging.INFO if flag in _FALSE else logging.WARNING
+        return
+    where = shadowed("warcore")
+    if where is not None:
+        status.reason = (
+            f"the package 'warcore' is shadowed by the folder {where} (no __init__.py; "
+            "python -m and python -c put the working directory first on sys.path): run from "
+            "another directory or rename that folder"
+        )
+        status.level = logging.ERROR
+        return
+    if status.role in NO_RUNNER:
+        status.left_to_schedulers = True
+        status.reason = (
+            "left to the scheduler processes (this one builds no model runner; "
+            "warcore_sglang.install() activates it here anyway)"
+        )
+        return
+    start = time.perf_counter()
+    try:
+        from . import activation
+
+        activation.install()
+        import warcore
+
+        status.plugins = [
+            {
+                "name": p.name,
+                "distribution": p.distribution,
+                "version": p.version,
+                "status": p.status,
+            }
+            for p in warcore.get_plugin_manager().plugin_infos
+        ]
+        status.active = True
+        status.level = logging.INFO
+        status.activation_s = time.perf_counter() - start
+    except Exception as exc:
+        status.reason = f"{type(exc).__name__}: {exc}"
+        status.level = logging.ERROR
+
+
+def _observe(status: Status) -> None:
+    path = os.environ.get(ENV_TRACE, "").strip()
+    mode = os.environ.get(ENV_SANITIZE, "").strip().lower()
+    if mode in ("1", "true", "yes", "on"):
+        mode = "all"
+    if mode in _FALSE:
+        mode = ""
+    if mode and not path:
+        status.problems.append(f"{ENV_SANITIZE}={mode!r} needs {ENV_TRACE}=FILE: sanitizer off")
+        status.level = max(status.level, logging.WARNING)
+        mode = ""
+    if not path:
+        return
+    path = os.path.abspath(path)
+    try:
+        from . import trace
+
+        trace.install(path)
+        status.trace = path
+        if mode:
+            from . import sanitize
+
+            sanitize.install(path, mode)
+            status.sanitize = mode
+    except Exception as exc:
+        status.problems.append(f"trace/sanitizer not installed: {type(exc).__name__}: {exc}")
+        status.level = max(status.level, logging.ERROR)
+
+
+def startup_line(status: Status) -> str:
+    who = f"warcore-sglang: process {status.pid} ({status.role}"
+    rank = ", ".join(f"{k} {v}" for k, v in status.rank.items() if v is not None)
+    who += f", {rank})" if rank else ")"
+    if status.active:
+        loaded = [p for p in status.plugins if p["status"] == "active"]
+        names = ", ".join(f"{p['name']} ({p['distribution']} {p['version']})" for p in loaded)
+        failed = [p["name"] for p in status.plugins if p["status"] == "failed"]
+        took = f" in {status.activation_s:.3f} s" if status.activation_s is not None else ""
+        text = f"{who}: warcore active{took}; plugins: {names or 'none'}"
+        if failed:
+            text += f"; failed to load: {', '.join(failed)}"
+    elif status.left_to_schedulers:
+        text = f"{who}: warcore {status.reason}"
+    else:
+        text = f"{who}: warcore NOT active: {status.reason}"
+    if status.trace:
+        text += f"; trace {status.trace}"
+    if status.sanitize:
+        text += f"; sanitizer {status.sanitize}"
+    for problem in status.problems:
+        text += f"; {problem}"
+    return text
+
+
+def _emit(level: int, line: str) -> None:
+    """Log the line where logging would show it; otherwise (sglang loads plugins before it
+    configures logging, so the root logger still drops INFO then) on stderr directly: the line
+    is never lost."""
+    if logger.isEnabledFor(level) and (logging.getLogger().handlers or logger.handlers):
+        logger.log(level, line)
+    else:
+        print(f"[{logging.getLevelName(level)}] {line}", file=sys.stderr, flush=True)
+
+
+def sglang_plugin() -> Status | None:
+    """The entry point (see the module docstring). Returns what it did (``None`` if it
+    failed, which it logs)."""
+    try:
+        role, rank = _role()
+        status = Status(os.getpid(), role, rank, False, None, logging.INFO)
+        _activate(status)
+        _observe(status)
+        line = startup_line(status)
+        _emit(status.level, line)
+        if status.trace:
+            from . import trace
+
+            trace.write_record(
+                status.trace,
+                {
+                    "kind": "process",
+                    "pid": status.pid,
+                    "ppid": os.getppid(),
+                    "role": status.role,
+                    "rank": status.rank,
+                    "active": status.active,
+                    "reason": status.reason,
+                    "left_to_schedulers": status.left_to_schedulers,
+                    "plugins": status.plugins,
+                    "activation_s": status.activation_s,
+                    "sanitize": status.sanitize,
+                    "status": line.split("): ", 1)[-1],
+                    "line": line,
+                },
+            )
+        return status
+    except Exception as exc:  # never take sglang's start-up down
+        _emit(
+            logging.ERROR,
+            f"warcore-sglang: start-up in process {os.getpid()} failed: "
+            f"{type(exc).__name__}: {exc}",
+        )
+        return None

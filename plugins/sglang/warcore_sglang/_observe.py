@@ -1,0 +1,299 @@
+"""Observation points in a running sglang 0.5.23 process, shared by the trace and the sanitizer.
+
+Four places are wrapped, each only while a listener is installed (:func:`install`), and put back
+exactly by :func:`uninstall`:
+
+* ``ModelRunner.shared_read_done_event`` (the mailbox every sglang runner publishes its
+  read-done event into: the eager prefill gate, the decode graph runner before, in or after its
+  replay, the EAGLE draft-extend runner) becomes a data descriptor: a runner that stores an
+  event there is a publish, seen at the moment it happens (in host program order, right after
+  the event was recorded), with the publishing code found on the caller's frames;
+* ``ModelRunner.forward``: the forward batch being run, and its end;
+* ``Scheduler.run_batch``: the schedule batch being run (its request ids);
+* ``Scheduler._apply_war_barrier``: the barrier itself. Its ``schedule_stream`` is swapped for
+  a recording proxy while it runs, so the branch it took (``wait_event`` on which event, or
+  ``wait_stream``) is observed, not re-derived.
+
+Nothing here changes a decision: with a listener that does nothing, sglang behaves as without.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType, ModuleType
+from typing import Any
+
+from ._post_import import PostImportFinder
+
+__all__ = ["Barrier", "Listener", "Publish", "current_batch", "install", "uninstall"]
+
+SRT = "sglang.srt."
+MODEL_RUNNER = SRT + "model_executor.model_runner"
+SCHEDULER = SRT + "managers.scheduler"
+_MAILBOX = "shared_read_done_event"
+_PUBLISHERS = ("maybe_publish_prefill_shared_read_done", "_publish_read_done")
+"""sglang 0.5.23's functions that store a fresh read-done event into the mailbox; the frame
+that called them is the runner that published."""
+
+
+@dataclass(frozen=True)
+class Publish:
+    """One read-done event stored into a model runner's mailbox."""
+
+    model_runner: Any
+    event: Any
+    record_point: str
+    """``pre_replay``, ``in_replay``, ``post_replay`` (the runner's resolved ``SharedReadEnds``
+    for that publish, read off its frame), or ``unknown``."""
+    publisher: str
+    """The runner code that published, e.g. ``EagerRunner._execute_extend``."""
+
+
+@dataclass
+class Barrier:
+    """One call of ``Scheduler._apply_war_barrier``, as it happened."""
+
+    scheduler: Any
+    owner: Any
+    """The runner it took the event from (``model_worker.last_shared_read_runner``)."""
+    event: Any
+    """The event that runner held when the barrier ran (``None``: nothing was published)."""
+    waits: list[tuple[str, Any]] = field(default_factory=list)
+    """What the schedule stream was told: ``("wait_event", event)`` or
+    ``("wait_stream", stream)``; empty when the barrier is off."""
+
+
+class Listener:
+    """Receives what the observation points see; every method may be left as it is."""
+
+    def on_publish(self, publish: Publish) -> None: ...
+
+    def on_forward_end(self, model_runner: Any, forward_batch: Any) -> None: ...
+
+    def on_barrier(self, barrier: Barrier) -> None: ...
+
+
+_lock = threading.RLock()
+_listeners: list[Listener] = []
+_patches: list[tuple[Any, str, Any]] = []
+_finder: PostImportFinder | None = None
+_local = threading.local()
+_MISSING = object()
+
+
+def current_batch() -> Any:
+    """The ``ScheduleBatch`` this thread's scheduler is running (``None`` outside
+    ``Scheduler.run_batch``)."""
+    return getattr(_local, "batch", None)
+
+
+def current_forward(model_runner: Any) -> Any:
+    """The ``ForwardBatch`` ``model_runner`` is running on this thread, or ``None``."""
+    stack = getattr(_local, "forwards", None)
+    if stack:
+        for runner, batch in reversed(stack):
+            if runner is model_runner:
+                return batch
+    return None
+
+
+@contextmanager
+def _pushed(name: str, value: Any) -> Iterator[None]:
+    stack = getattr(_local, name, None)
+    if stack is None:
+        stack = []
+        setattr(_local, name, stack)
+    stack.append(value)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _each(method: str, *args: Any) -> None:
+    for listener in list(_listeners):
+        getattr(listener, method)(*args)
+
+
+# -- where a publish came from --------------------------------------------------------------
+
+
+def _publisher(frame: FrameType | None) -> tuple[str, str]:
+    """(record point, publishing code) from the frames above a mailbox store."""
+    point = "unknown"
+    depth = 0
+    while frame is not None and depth < 4:
+        code = frame.f_code
+        ends = frame.f_locals.get("shared_read_ends")
+        if code.co_name == "_publish_read_done" and frame.f_locals.get("in_graph") is True:
+            point = "in_replay"
+        elif point == "unknown" and ends is not None and hasattr(ends, "name"):
+            point = str(ends.name).lower()
+        if code.co_name not in _PUBLISHERS:
+            return point, getattr(code, "co_qualname", code.co_name)
+        frame = frame.f_back
+        depth += 1
+    return point, "unknown"
+
+
+class _Mailbox:
+    """``ModelRunner.shared_read_done_event``: the value lives in the instance's ``__dict__``
+    as before; storing an event there tells the listeners."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        return obj.__dict__.get(_MAILBOX)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[_MAILBOX] = value
+        if value is not None and _listeners:
+            point, publisher = _publisher(sys._getframe(1))
+            _each("on_publish", Publish(obj, value, point, publisher))
+
+
+class _RecordingStream:
+    """The schedule stream during one barrier: forwards every call, notes the waits."""
+
+    def __init__(self, stream: Any, waits: list[tuple[str, Any]]) -> None:
+        self._stream = stream
+        self._waits = waits
+
+    def wait_event(self, event: Any) -> Any:
+        self._waits.append(("wait_event", event))
+        return self._stream.wait_event(event)
+
+    def wait_stream(self, stream: Any) -> Any:
+        self._waits.append(("wait_stream", stream))
+        return self._stream.wait_stream(stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+# -- the wrappers ---------------------------------------------------------------------------
+
+
+def _set(owner: Any, attr: str, value: Any) -> None:
+    _patches.append((owner, attr, vars(owner).get(attr, _MISSING)))
+    setattr(owner, attr, value)
+
+
+def _wrap(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+    _set(owner, attr, make(getattr(owner, attr)))
+
+
+def _on_model_runner(module: ModuleType) -> None:
+    cls = module.ModelRunner
+
+    def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def forward(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+            with _pushed("forwards", (self, forward_batch)):
+                try:
+                    return original(self, forward_batch, *args, **kwargs)
+                finally:
+                    _each("on_forward_end", self, forward_batch)
+
+        return forward
+
+    _wrap(cls, "forward", make_forward)
+    _set(cls, _MAILBOX, _Mailbox())
+
+
+def _on_scheduler(module: ModuleType) -> None:
+    cls = module.Scheduler
+
+    def make_run_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def run_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            previous = getattr(_local, "batch", None)
+            _local.batch = batch
+            try:
+                return original(self, batch, *args, **kwargs)
+            finally:
+                _local.batch = previous
+
+        return run_batch
+
+    def make_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _apply_war_barrier(self: Any) -> Any:
+            if not _listeners or not getattr(self, "_war_barrier_enabled", False):
+                result = original(self)
+                if _listeners:
+                    _each("on_barrier", Barrier(self, None, None))
+                return result
+            owner = self.model_worker.last_shared_read_runner
+            barrier = Barrier(self, owner, owner.shared_read_done_event)
+            stream = self.schedule_stream
+            self.schedule_stream = _RecordingStream(stream, barrier.waits)
+            try:
+                return original(self)
+            finally:
+                self.schedule_stream = stream
+                _each("on_barrier", barrier)
+
+        return _apply_war_barrier
+
+    _wrap(cls, "run_batch", make_run_batch)
+    _wrap(cls, "_apply_war_barrier", make_barrier)
+
+
+_WATCH: dict[str, Callable[[ModuleType], None]] = {
+    MODEL_RUNNER: _on_model_runner,
+    SCHEDULER: _on_scheduler,
+}
+
+
+def _apply(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
+    with _lock:
+        if _listeners:
+            callback(module)
+
+
+def install(listener: Listener) -> None:
+    """Start telling ``listener`` what happens (the first listener patches sglang: what is
+    imported now, and the rest when it is imported)."""
+    global _finder
+    with _lock:
+        first = not _listeners
+        _listeners.append(listener)
+        if not first:
+            return
+        pending: dict[str, Callable[[ModuleType], None]] = {}
+        for name, callback in _WATCH.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                callback(module)
+            else:
+                pending[name] = functools.partial(_apply, callback)
+        _finder = PostImportFinder(pending)
+        sys.meta_path.insert(0, _finder)
+
+
+def uninstall(listener: Listener | None = None) -> None:
+    """Stop telling ``listener`` (every listener when ``None``); the last one out restores
+    every wrapped attribute."""
+    global _finder
+    with _lock:
+        if listener is None:
+            _listeners.clear()
+        elif listener in _listeners:
+            _listeners.remove(listener)
+        if _listeners:
+            return
+        if _finder is not None and _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        _finder = None
+        for owner, attr, original in reversed(_patches):
+            if original is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+        _patches.clear()

@@ -1,0 +1,248 @@
+"""``python -m warcore_sglang.bench_server``: what warcore costs inside a real sglang server.
+
+Starts sglang 0.5.23's real ``Engine`` (its own child process, as in
+:func:`warcore_sglang.serving.run_engine`) on this CPU with the tiny model, once per variant
+per round, and measures in each start:
+
+* ``startup_s``: the ``Engine`` constructor (scheduler and detokenizer children spawned,
+  imported, the model loaded, the scheduler ready); ``scheduler_startup_s``: the scheduler
+  child's life from its creation to the engine's ready;
+* ``scheduler_activation_s`` (``warcore`` only): what activating took inside the scheduler
+  child (importing warcore, loading its plugins, patching), from its start-up line: warcore's
+  own start-up work, measured where it happens rather than as a difference of two noisy totals;
+* ``ttft_ms``: the median latency of single 1-token requests (after one warm-up request): the
+  time to first token through the engine;
+* ``decode_tok_s``: the median of ``--decode-waves`` waves, each of ``--batch`` requests of
+  ``--new-tokens`` tokens (4-token prompts: one small prefill, then decode steps), tokens
+  generated per second.
+
+Variants: ``sglang`` (warcore-sglang installed but not activated), ``warcore``
+(``WARCORE_SGLANG=1``: every sglang process activated, warcore's plugins resolving sglang's
+declaration points, its event owner asked at every barrier), and ``sglang again`` (the first
+variant once more: the A/A control, measuring the noise floor of the ratios). ``--plugins``
+sets ``WARCORE_PLUGINS`` (default ``sglang``: warcore-sglang's own declarations). Each round runs
+the three in a rotated order, after ``--warmup`` discarded runs (the first start after a while
+reads a cold page cache: measured 16 ms TTFT against 8 ms right after); ratios are taken
+within a round and summarised as median (min -
+max). The trace is off. On a CPU the barrier's streams and events do nothing, so this measures
+warcore's host-side cost on sglang's path, not the overlap a fine fence buys on a GPU.
+
+Needs the environment of ``nox -s sglang_server`` (sglang and its serving pins, the stand-ins
+on ``PYTHONPATH``, which :func:`warcore_sglang.serving.cpu_env` adds from a source checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import serving
+
+__all__ = ["main", "measure"]
+
+VARIANTS = {
+    "sglang": {"WARCORE_SGLANG": ""},
+    "warcore": {"WARCORE_SGLANG": "1"},
+    "sglang again": {"WARCORE_SGLANG": ""},
+}
+
+
+def _waves(args: argparse.Namespace) -> list[list[serving.Request]]:
+    warm = [[serving.Request("warm", [5, 6, 7, 8], 4)]]
+    ttft = [
+        [serving.Request(f"ttft-{k}", [9 + k, 10, 11, 12], 1)] for k in range(args.ttft_samples)
+    ]
+    decode = [
+        [
+            serving.Request(f"dec{w}-{k}", [20 + k, 21 + w, 22, 23], args.new_tokens)
+            for k in range(args.batch)
+        ]
+        for w in range(args.decode_waves)
+    ]
+    return [*warm, *ttft, *decode]
+
+
+def _one(variant: str, model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**serving.cpu_env(), **VARIANTS[variant], "WARCORE_SGLANG_TRACE": ""}
+    env["WARCORE_PLUGINS"] = args.plugins
+    engine = serving.cpu_engine_args(model, log_level="warning")
+    waves = _waves(args)
+    result = serving.run_engine(
+        engine, waves, env=env, timeout=args.timeout, workdir=work, name=variant.replace(" ", "_")
+    )
+    ttft = result["wave_s"][1 : 1 + args.ttft_samples]
+    decode = result["wave_s"][1 + args.ttft_samples :]
+    decode_s = statistics.median(decode)
+    log = Path(result["log"]).read_text(errors="replace")
+    activation = re.search(r"\(scheduler[^)]*\): warcore active in ([0-9.]+) s", log)
+    return {
+        "variant": variant,
+        "startup_s": round(result["startup_s"], 3),
+        "scheduler_startup_s": round(result["scheduler_startup_s"], 3),
+        "ttft_ms": round(statistics.median(ttft) * 1e3, 2),
+        "ttft_samples_ms": [round(t * 1e3, 2) for t in ttft],
+        "decode_tok_s": round(args.batch * args.new_tokens / decode_s, 1),
+        "decode_s": round(decode_s, 3),
+        "decode_samples_tok_s": [round(args.batch * args.new_tokens / d, 1) for d in decode],
+        "warcore_active": activation is not None,
+        "scheduler_activation_s": float(activation.group(1)) if activation else None,
+    }
+
+
+def _ratio(rows: list[dict[str, Any]], key: str, num: str, den: str) -> list[float]:
+    by_round: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        by_round.setdefault(r["round"], {})[r["variant"]] = r
+    return [round(v[num][key] / v[den][key], 4) for v in by_round.values() if num in v and den in v]
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    loads = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory(prefix="warcore-bench-server-") as tmp:
+        model = serving.write_tiny_model(Path(tmp) / "model")
+        names = list(VARIANTS)
+        for k in range(args.warmup):  # the first start after a while reads a cold page cache
+            row = _one("sglang", model, Path(tmp) / f"warmup{k}", args)
+            print(f"warm-up run (discarded): start-up {row['startup_s']:6.2f} s", flush=True)
+        for rnd in range(args.rounds):
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]
+            for variant in order:
+                row = _one(variant, model, Path(tmp) / f"r{rnd}", args)
+                row["round"] = rnd
+                rows.append(row)
+                loads.append(os.getloadavg()[0])
+                print(
+                    f"round {rnd} {variant:<13} start-up {row['startup_s']:6.2f} s "
+                    f"(scheduler {row['scheduler_startup_s']:6.2f} s)  TTFT "
+                    f"{row['ttft_ms']:7.2f} ms  decode {row['decode_tok_s']:7.1f} tok/s",
+                    flush=True,
+                )
+    summary: dict[str, Any] = {}
+    for key in ("startup_s", "scheduler_startup_s", "ttft_ms", "decode_tok_s"):
+        summary[key] = {
+            "warcore / sglang": _spread(_ratio(rows, key, "warcore", "sglang")),
+            "A/A: sglang again / sglang": _spread(_ratio(rows, key, "sglang again", "sglang")),
+            "medians": {
+                v: statistics.median(r[key] for r in rows if r["variant"] == v) for v in VARIANTS
+            },
+        }
+    active = [r for r in rows if r["variant"] == "warcore" and r["scheduler_activation_s"]]
+    if active:
+        summary["scheduler_activation"] = {
+            "seconds": _spread([r["scheduler_activation_s"] for r in active]),
+            "share_of_scheduler_startup": _spread(
+                [round(r["scheduler_activation_s"] / r["scheduler_startup_s"], 4) for r in active]
+            ),
+        }
+    return {
+        "benchmark": "warcore inside sglang 0.5.23's real Engine on a CPU: start-up, TTFT, "
+        "decode tokens/s; sglang alone vs warcore active, with an A/A control",
+        "rounds": args.rounds,
+        "warmup_runs_discarded": args.warmup,
+        "batch": args.batch,
+        "new_tokens": args.new_tokens,
+        "ttft_samples": args.ttft_samples,
+        "decode_waves": args.decode_waves,
+        "warcore_plugins": args.plugins,
+        "runs": rows,
+        "summary": summary,
+        "load_1min": {"before": loads[0], "during": loads[1:]},
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+        "versions": _versions(),
+        "git": _git(),
+    }
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    out = {"python": platform.python_version()}
+    for dist in ("sglang", "torch", "warcore", "warcore-sglang"):
+        try:
+            out[dist] = version(dist)
+        except Exception:
+            out[dist] = "?"
+    return out
+
+
+def _git() -> str:
+    try:
+        root = Path(__file__).resolve().parents[3]
+        rev = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return rev.stdout.strip() or "?"
+    except Exception:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m warcore_sglang.bench_server", description=__doc__
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the three variants")
+    parser.add_argument("--batch", type=int, default=16, help="requests in a decode wave")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per decode request")
+    parser.add_argument("--decode-waves", type=int, default=3, help="decode waves timed")
+    parser.add_argument("--ttft-samples", type=int, default=10, help="1-token requests timed")
+    parser.add_argument("--warmup", type=int, default=1, help="discarded runs before round 0")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per server run")
+    parser.add_argument(
+        "--plugins",
+        default="sglang",
+        help="WARCORE_PLUGINS for every server (default: sglang, warcore-sglang's own plugin)",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the result to FILE")
+    args = parser.parse_args(argv)
+    if min(args.rounds, args.batch, args.new_tokens, args.ttft_samples, args.decode_waves) < 1:
+        parser.error(
+            "--rounds, --batch, --new-tokens, --decode-waves and --ttft-samples must be at least 1"
+        )
+    if args.warmup < 0:
+        parser.error("--warmup must be at least 0")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    result = measure(args)
+    result["command"] = "python -m warcore_sglang.bench_server " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    for key, s in result["summary"].items():
+        if key == "scheduler_activation":
+            sec, share = s["seconds"], s["share_of_scheduler_startup"]
+            print(
+                f"warcore's activation in the scheduler child: {sec['median']:.3f} s "
+                f"({sec['min']:.3f}-{sec['max']:.3f}), {share['median']:.2%} of its start-up"
+            )
+            continue
+        w, aa = s["warcore / sglang"], s["A/A: sglang again / sglang"]
+        print(
+            f"{key:<20} warcore/sglang {w['median']:.3f} ({w['min']:.3f}-{w['max']:.3f})   "
+            f"A/A {aa['median']:.3f} ({aa['min']:.3f}-{aa['max']:.3f})"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,447 @@
+"""The per-barrier trace of a running sglang server, and its summary.
+
+``WARCORE_SGLANG_TRACE=FILE`` makes every sglang process that loads warcore-sglang's
+``sglang.srt.plugins`` entry point (every server process, warcore active or not) append JSON
+lines to FILE, one write per line (``O_APPEND``: processes share the file):
+
+* ``process``: at start-up, the process (pid, parent, role) and whether warcore is active,
+  with which plugins, or why not: the same facts as its start-up log line;
+* ``publish``: each read-done event a model runner publishes: the forward mode, the record
+  point (``pre_replay``, ``in_replay``, ``post_replay``, read off the publishing runner), the
+  runner code that published, the backend, its declaration and the declaration's provenance,
+  the batch's request ids;
+* ``barrier``: each call of the real ``Scheduler._apply_war_barrier``: process and rank, the
+  batch's forward mode, the event owner (``target``, ``draft``, or ``none`` when warcore names
+  no owner), whether an event was published and where, the branch the barrier took as observed
+  on the schedule stream (``wait_event``: fine, ``wait_stream``: coarse, ``disabled``), and the
+  decision's provenance (``plugin:<name>``, ``default:failed:<name>``, ``forced-coarse``,
+  ``veto:...``, or ``sglang:...`` where sglang decided alone);
+* ``poison`` (with ``WARCORE_SGLANG_SANITIZE``): each publish the sanitizer poisoned
+  (:mod:`warcore_sglang.sanitize`).
+
+``python -m warcore_sglang.trace FILE`` summarises a trace like ``warcore run``'s report:
+forward mode x record point x branch x provenance, with counts, and the fine and coarse
+barriers per scheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _observe
+
+__all__ = [
+    "ENV_TRACE",
+    "Summary",
+    "Tracer",
+    "format_summary",
+    "install",
+    "main",
+    "read_trace",
+    "summarise",
+    "uninstall",
+    "write_record",
+]
+
+ENV_TRACE = "WARCORE_SGLANG_TRACE"
+"""``FILE``: every sglang process with warcore-sglang's entry point appends its trace there."""
+
+FINE, COARSE, OFF = "wait_event", "wait_stream", "disabled"
+
+
+def write_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """Append one JSON line (one ``write``, so lines of several processes never interleave)."""
+    line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every record of a trace file, in the order written (a torn last line is skipped)."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+# -- what the decision was, and why --------------------------------------------------------
+
+
+def _activation() -> Any:
+    module = sys.modules.get("warcore_sglang.activation")
+    return module if module is not None and module.is_installed() else None
+
+
+def _mode_name(mode: Any) -> str:
+    return str(getattr(mode, "name", mode))
+
+
+def backend_name(backend: Any) -> str:
+    """The backend's warcore name where warcore-sglang can name it, else its class."""
+    activation = _activation()
+    if activation is not None:
+        try:
+            name = activation.identify(backend)[0]
+        except Exception:
+            name = None
+        if name is not None:
+            return str(name)
+    return type(backend).__qualname__
+
+
+def _sglang_alone(model_runner: Any, backend: Any, mode: Any) -> tuple[str, str]:
+    """sglang 0.5.23's own decision for (backend, mode), as its code makes it."""
+    from sglang.srt.layers.attention import base_attn_backend as base
+
+    cls = type(backend).__qualname__
+    declared = type(backend).shared_read_ends(backend, mode)
+    if mode != base.ForwardMode.EXTEND:
+        return declared.name, f"sglang:{cls}.shared_read_ends"
+    envs = base.envs
+    if envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():
+        return "UNKNOWN", "sglang:SGLANG_FORCE_COARSE_WAR_BARRIER"
+    if not envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.get():
+        return "UNKNOWN", "sglang:SGLANG_ENABLE_PREFILL_WAR_READ_DONE is off"
+    if declared is base.SharedReadEnds.PRE_REPLAY:
+        algo = getattr(model_runner, "spec_algorithm", None)
+        if algo is not None and not algo.supports_prefill_shared_read_done():
+            return "UNKNOWN", f"sglang:{algo}.supports_prefill_shared_read_done() is False"
+    return declared.name, f"sglang:{cls}.shared_read_ends"
+
+
+def explain(model_runner: Any, mode: Any) -> tuple[str, str]:
+    """(declared boundary, provenance) of ``model_runner``'s backend for sglang mode ``mode``
+    in this process: warcore's answer where the activation is installed, else sglang's."""
+    backend = getattr(model_runner, "attn_backend", None)
+    if backend is None:
+        return "UNKNOWN", "sglang:no attention backend"
+    try:
+        activation = _activation()
+        if activation is None:
+            return _sglang_alone(model_runner, backend, mode)
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        if mode == ForwardMode.EXTEND:
+            boundary, why = activation.explain_prefill(backend)
+        else:
+            boundary, why = activation.explain(backend, mode)
+        return boundary.name, why
+    except Exception as exc:  # the trace never takes the scheduler down
+        return "UNKNOWN", f"trace: explaining failed ({type(exc).__name__}: {exc})"
+
+
+def _eager_silence(model_runner: Any, mode: Any) -> str | None:
+    """Why a forward that is not a prefill published nothing whatever is declared: sglang 0.5.23
+    publishes only from its decode CUDA-graph runner and the EAGLE draft-extend runner; an
+    eager forward (and the CPU graph runner) publishes nothing."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    if mode == ForwardMode.EXTEND:
+        return None
+    runner = getattr(model_runner, "decode_cuda_graph_runner", None)
+    if runner is None or type(runner).__name__ != "DecodeCudaGraphRunner":
+        kind = "eager" if runner is None else type(runner).__name__
+        return f"sglang: an {kind} {_mode_name(mode)} forward publishes nothing"
+    return None
+
+
+# -- the listener ---------------------------------------------------------------------------
+
+
+def _rank(scheduler: Any) -> dict[str, Any]:
+    """The scheduler's ranks (sglang 0.5.23 keeps them in its runtime context)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        parallel = get_parallel()
+        return {k: getattr(parallel, f"{k}_rank", None) for k in ("tp", "pp", "dp")}
+    except Exception:
+        return {k: getattr(scheduler, f"{k}_rank", None) for k in ("tp", "pp", "dp")}
+
+
+def _owner(owner: Any) -> str:
+    if owner is None:
+        return "none"
+    if not hasattr(owner, "forward"):  # the activation's no-event runner: nobody owns it
+        return "none"
+    return "draft" if getattr(owner, "is_draft_worker", False) else "target"
+
+
+def _rids(batch: Any) -> list[str]:
+    reqs = getattr(batch, "reqs", None) or []
+    return [str(getattr(r, "rid", "?")) for r in reqs]
+
+
+class Tracer(_observe.Listener):
+    """Writes ``publish`` and ``barrier`` records to ``path``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._published: dict[int, tuple[Any, dict[str, Any]]] = {}
+        """model runner (id) -> (its latest published event, that publish's record): one entry
+        per runner, however many events are published that no barrier takes."""
+        self._steps = 0
+        self._lock = threading.Lock()
+
+    def on_publish(self, publish: _observe.Publish) -> None:
+        forward = _observe.current_forward(publish.model_runner)
+        mode = getattr(forward, "forward_mode", None)
+        declared, why = explain(publish.model_runner, mode) if mode is not None else ("?", "?")
+        record = {
+            "kind": "publish",
+            "pid": os.getpid(),
+            "t": time.time(),
+            "mode": _mode_name(mode),
+            "record_point": publish.record_point,
+            "publisher": publish.publisher,
+            "runner": "draft"
+            if getattr(publish.model_runner, "is_draft_worker", False)
+            else "target",
+            "backend": backend_name(getattr(publish.model_runner, "attn_backend", None)),
+            "declared": declared,
+            "provenance": why,
+            "rids": _rids(_observe.current_batch()),
+        }
+        with self._lock:
+            self._published[id(publish.model_runner)] = (publish.event, record)
+        write_record(self.path, record)
+
+    def on_barrier(self, barrier: _observe.Barrier) -> None:
+        scheduler = barrier.scheduler
+        batch = getattr(scheduler, "cur_batch_for_debug", None)
+        mode = getattr(batch, "forward_mode", None)
+        with self._lock:
+            self._steps += 1
+            step = self._steps
+            latest = self._published.get(id(barrier.owner))
+            published = latest if latest is not None and latest[0] is barrier.event else None
+        branches = [kind for kind, _ in barrier.waits]
+        branch = "+".join(branches) if branches else OFF
+        runner = barrier.owner if _owner(barrier.owner) != "none" else None
+        if published is not None:
+            info = published[1]
+            point, publisher = info["record_point"], info["publisher"]
+            declared, why, backend = info["declared"], info["provenance"], info["backend"]
+        else:
+            point, publisher = "none", None
+            target = runner if runner is not None else _target_runner(scheduler)
+            declared, why = explain(target, mode) if target is not None else ("?", "?")
+            backend = backend_name(getattr(target, "attn_backend", None))
+            if target is not None and runner is not None:
+                why = _eager_silence(target, mode) or why
+            elif runner is None and barrier.owner is not None:
+                why = "warcore: no event owner for this step"
+        record = {
+            "kind": "barrier",
+            "pid": os.getpid(),
+            "t": time.time(),
+            "rank": _rank(scheduler),
+            "step": step,
+            "mode": _mode_name(mode),
+            "batch_size": len(getattr(batch, "reqs", None) or []),
+            "owner": _owner(barrier.owner),
+            "event": barrier.event is not None,
+            "record_point": point,
+            "publisher": publisher,
+            "branch": branch,
+            "backend": backend,
+            "declared": declared,
+            "provenance": why,
+            "warcore": _activation() is not None,
+        }
+        if mode is not None and _mode_name(mode) == "EXTEND":  # which rows the prefill took
+            reqs = getattr(batch, "reqs", None) or []
+            record["rids"] = [str(getattr(r, "rid", "?")) for r in reqs]
+            record["rows"] = [getattr(getattr(r, "kv", r), "req_pool_idx", None) for r in reqs]
+        write_record(self.path, record)
+
+
+def _target_runner(scheduler: Any) -> Any:
+    worker = getattr(scheduler, "model_worker", None)
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        target = getattr(worker, "target_worker", None)
+        runner = getattr(target, "model_runner", None)
+    return runner
+
+
+_tracer: Tracer | None = None
+
+
+def install(path: str | os.PathLike[str]) -> Tracer:
+    """Trace this process into ``path`` (idempotent: a second call returns the first tracer)."""
+    global _tracer
+    if _tracer is None:
+        _tracer = Tracer(path)
+        _observe.install(_tracer)
+    return _tracer
+
+
+def uninstall() -> None:
+    global _tracer
+    if _tracer is not None:
+        _observe.uninstall(_tracer)
+        _tracer = None
+
+
+# -- the summary ----------------------------------------------------------------------------
+
+
+@dataclass
+class SchedulerSummary:
+    pid: int
+    rank: dict[str, Any]
+    barriers: int = 0
+    rows: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)
+    """(forward mode, record point, branch, provenance) -> barriers."""
+    branches: Counter[str] = field(default_factory=Counter)
+    owners: Counter[str] = field(default_factory=Counter)
+    poisoned: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)
+    """(forward mode, record point, backend, provenance) -> poisoned publishes."""
+
+
+@dataclass
+class Summary:
+    path: str
+    processes: list[dict[str, Any]]
+    schedulers: list[SchedulerSummary]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "processes": self.processes,
+            "schedulers": [
+                {
+                    "pid": s.pid,
+                    "rank": s.rank,
+                    "barriers": s.barriers,
+                    "fine": s.branches[FINE],
+                    "coarse": s.branches[COARSE],
+                    "disabled": s.branches[OFF],
+                    "owners": dict(s.owners),
+                    "rows": [
+                        {
+                            "mode": m,
+                            "record_point": p,
+                            "branch": b,
+                            "provenance": why,
+                            "barriers": n,
+                        }
+                        for (m, p, b, why), n in sorted(s.rows.items())
+                    ],
+                    "poisoned": [
+                        {"mode": m, "record_point": p, "backend": be, "provenance": why, "n": n}
+                        for (m, p, be, why), n in sorted(s.poisoned.items())
+                    ],
+                }
+                for s in self.schedulers
+            ],
+        }
+
+
+def summarise(records: list[dict[str, Any]], path: str = "") -> Summary:
+    processes = [r for r in records if r.get("kind") == "process"]
+    per: dict[int, SchedulerSummary] = {}
+    for r in records:
+        kind = r.get("kind")
+        if kind not in ("barrier", "poison"):
+            continue
+        pid = int(r.get("pid", 0))
+        s = per.setdefault(pid, SchedulerSummary(pid, r.get("rank") or {}))
+        if kind == "barrier":
+            if r.get("rank"):
+                s.rank = r["rank"]
+            s.barriers += 1
+            s.rows[(r["mode"], r["record_point"], r["branch"], r["provenance"])] += 1
+            s.branches[r["branch"]] += 1
+            s.owners[r["owner"]] += 1
+        else:
+            s.poisoned[(r["mode"], r["record_point"], r["backend"], r["provenance"])] += 1
+    return Summary(path, processes, [per[p] for p in sorted(per)])
+
+
+def _process_line(p: dict[str, Any]) -> str:
+    if p.get("active"):
+        names = [x["name"] for x in p.get("plugins", []) if x.get("status") == "active"]
+        status = f"warcore active; plugins: {', '.join(names) or 'none'}"
+    elif p.get("left_to_schedulers"):
+        status = "warcore left to the scheduler processes (builds no model runner)"
+    else:
+        status = f"warcore NOT active: {p.get('reason')}"
+    if p.get("sanitize"):
+        status += f"; sanitizer {p['sanitize']}"
+    return f"    pid {p.get('pid')}  {p.get('role', '?'):<12} {status}"
+
+
+def format_summary(summary: Summary) -> str:
+    lines = [
+        f"warcore-sglang trace {summary.path}: {len(summary.processes)} processes, "
+        f"{len(summary.schedulers)} scheduler(s) with barriers"
+    ]
+    if summary.processes:
+        lines.append("  processes")
+        lines += [_process_line(p) for p in summary.processes]
+    for s in summary.schedulers:
+        rank = ", ".join(f"{k} {v}" for k, v in s.rank.items() if v is not None)
+        lines.append(f"  scheduler pid {s.pid} ({rank or 'rank ?'}): {s.barriers} barriers")
+        if s.rows:
+            lines.append(
+                "    read-done records (forward mode, record point, barrier, provenance: barriers)"
+            )
+            width = max(len(why) for (_, _, _, why) in s.rows)
+            for (mode, point, branch, why), n in sorted(s.rows.items()):
+                lines.append(f"      {mode:<15} {point:<12} {branch:<12} {why:<{width}}  {n}")
+        owners = ", ".join(f"{k} {v}" for k, v in sorted(s.owners.items()))
+        lines.append(
+            f"    barriers        coarse {s.branches[COARSE]}, fine {s.branches[FINE]}"
+            + (f", disabled {s.branches[OFF]}" if s.branches[OFF] else "")
+            + f" (event owner: {owners})"
+        )
+        if s.poisoned:
+            lines.append(
+                "    sanitizer: poisoned publishes "
+                "(forward mode, record point, backend, provenance)"
+            )
+            for (mode, point, backend, why), n in sorted(s.poisoned.items()):
+                lines.append(f"      {mode:<15} {point:<12} {backend}  {why}  {n}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m warcore_sglang.trace",
+        description="Summarise a warcore-sglang trace (written with WARCORE_SGLANG_TRACE=FILE).",
+    )
+    parser.add_argument("file", help="the trace file")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    path = Path(args.file)
+    if not path.is_file():
+        parser.error(f"{path}: no such trace file")
+    summary = summarise(read_trace(path), str(path))
+    if args.json:
+        print(json.dumps(summary.as_dict(), indent=2))
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
