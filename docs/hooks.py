@@ -44,6 +44,8 @@ API_PAGES = {
     "api/index.md": "warcore",
     "api/core.md": "warcore.core",
     "api/attention.md": "warcore.attention",
+    "api/batch.md": "warcore.batch",
+    "api/runners.md": "warcore.runners",
     "api/testing.md": "warcore.testing",
 }
 """API reference page -> the package whose ``__all__`` it must show in full."""
