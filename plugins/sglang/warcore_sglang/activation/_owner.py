@@ -9,7 +9,6 @@ runners may outlive it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -84,12 +83,8 @@ def make_owner_property(original: property) -> property:
         try:
             return _owner_runner(self, fget)
         except Exception as exc:
-            _state.log_once(
-                ("owner-failed", type(self), repr(exc)),
-                logging.ERROR,
-                f"warcore-sglang: the event owner of {type(self).__qualname__} failed "
-                f"({type(exc).__name__}: {exc}); no owner (coarse barrier)",
-            )
+            what = f"the event owner of {type(self).__qualname__}"
+            _state.log_failure(("owner-failed", type(self)), what, exc, "no owner (coarse barrier)")
             return _NO_EVENT
 
     patched = _PatchedProperty(last_shared_read_runner, original.fset, original.fdel)

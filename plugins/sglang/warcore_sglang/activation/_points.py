@@ -12,7 +12,6 @@ answered UNKNOWN (a coarse fence, never a less safe one).
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -53,12 +52,8 @@ def make_shared_read_ends(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             ends = effective(self, fm)
         except Exception as exc:
-            _state.log_once(
-                ("failed", type(self), fm, repr(exc)),
-                logging.ERROR,
-                f"warcore-sglang: resolving {type(self).__qualname__}.shared_read_ends({fm}) "
-                f"failed ({type(exc).__name__}: {exc}); UNKNOWN (coarse fence)",
-            )
+            what = f"resolving {type(self).__qualname__}.shared_read_ends({fm})"
+            _state.log_failure(("failed", type(self), fm), what, exc, "UNKNOWN (coarse fence)")
             return _sglang.api().SharedReadEnds.UNKNOWN
         _store(self, SRE, gen, fm, ends)
         return ends
@@ -93,11 +88,9 @@ def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 decision = prefill_decision(self)
             except Exception as exc:
-                _state.log_once(
-                    ("prefill-failed", type(self), repr(exc)),
-                    logging.ERROR,
-                    f"warcore-sglang: the prefill decision of {type(self).__qualname__} failed "
-                    f"({type(exc).__name__}: {exc}); UNKNOWN (coarse fence)",
+                what = f"the prefill decision of {type(self).__qualname__}"
+                _state.log_failure(
+                    ("prefill-failed", type(self)), what, exc, "UNKNOWN (coarse fence)"
                 )
                 return unknown
             _store(self, PREFILL, gen, "decision", decision)

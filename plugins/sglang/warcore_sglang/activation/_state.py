@@ -11,6 +11,7 @@ no answer outlives the configuration it was resolved under. Other modules read `
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import weakref
@@ -98,3 +99,10 @@ def sglang_plugin_names(manager: WarcorePluginManager) -> frozenset[str]:
 
 def log_once(key: object, level: int, message: str) -> None:
     get_plugin_manager().log_once(("warcore-sglang", key), level, message)
+
+
+def log_failure(key: tuple[object, ...], what: str, exc: Exception, fallback: str) -> None:
+    """Once per (key, error): ``what`` failed inside a patched point, and what it answered
+    instead (never less safe than sglang's own answer)."""
+    message = f"warcore-sglang: {what} failed ({type(exc).__name__}: {exc}); {fallback}"
+    log_once((*key, repr(exc)), logging.ERROR, message)
