@@ -62,6 +62,18 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--no-plant-node", action="store_true", help="capture graphs without the in-graph node"
     )
     parser.add_argument(
+        "--copy-wait",
+        choices=("none", "at-barrier", "after-next-launch"),
+        default="none",
+        help="add a second consumer of the read-done event to the binding run: it waits at "
+        "the barrier, or only after the next step is launched (sglang #31072's shape)",
+    )
+    parser.add_argument(
+        "--no-bindings",
+        action="store_true",
+        help="skip the binding audit (the overlap run checking which record each wait bound to)",
+    )
+    parser.add_argument(
         "--sglang-fallback",
         action="store_true",
         help="use sglang #34052's record point for graphs without a node (IN_REPLAY before "
@@ -100,7 +112,7 @@ def _sanitize_all(
     reports = [_sanitize(args, flags, pm, combo) for combo in combos]
     _print_reports(reports)
     problems = [r for r in reports if not r.sound]
-    for report in problems:
+    for report in [r for r in reports if not r.sound or r.binding_warnings]:
         print()
         print(report.format())
     if args.explain:
@@ -186,6 +198,8 @@ def _sanitize(
         use_graphs=not args.no_graphs,
         plant_node=not args.no_plant_node,
         sglang_fallback=args.sglang_fallback,
+        bindings=not args.no_bindings,
+        copy_wait=args.copy_wait,
     )
 
 

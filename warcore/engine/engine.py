@@ -153,6 +153,7 @@ class Engine:
         self.copy_stream = self.device.new_stream("copy") if cfg.copy_wait != "none" else None
         self._deferred: tuple[Event, ForwardId | None] | None = None
         self._launches = 0
+        self._observer: EngineObserver = _NO_OBSERVER
         self._build_rings()
         self.failure: DeviceError | None = None
         self._scheduler: Scheduler | None = None
@@ -311,8 +312,7 @@ class Engine:
         elif fence == "fine" and event is not None and not self.pm.config.force_coarse:
             # Force-coarse is read at every barrier, as sglang does: switching it on while
             # running takes effect at the next barrier, before any cached decision is redone.
-            bound = self.schedule_stream.wait_event(event)
-            self.bindings.append(WaitBinding("barrier", meant, bound))
+            self._bound(WaitBinding("barrier", meant, self.schedule_stream.wait_event(event)))
             kind = "fine"
         else:
             self.schedule_stream.wait_stream(self.forward_stream)
@@ -325,6 +325,11 @@ class Engine:
                 self._deferred = (event, meant)
         return kind
 
+    def _bound(self, binding: WaitBinding) -> None:
+        self.bindings.append(binding)
+        if self._observer is not _NO_OBSERVER:
+            self._observer.binding(binding, time.perf_counter())
+
     def _copy_wait_deferred(self) -> None:
         if self._deferred is not None:
             event, meant = self._deferred
@@ -334,8 +339,7 @@ class Engine:
     def _copy_wait(self, event: Event, meant: ForwardId | None) -> None:
         """The copy consumer: its stream waits on the event, then copies (a no-op here)."""
         assert self.copy_stream is not None
-        bound = self.copy_stream.wait_event(event)
-        self.bindings.append(WaitBinding("copy", meant, bound))
+        self._bound(WaitBinding("copy", meant, self.copy_stream.wait_event(event)))
         with self.device.use_stream(self.copy_stream):
             self.device.launch(_copy_out, "copy_out")
 
@@ -394,6 +398,7 @@ class Engine:
             runner.published.clear()
         self.barriers.clear()
         self.bindings.clear()
+        self._observer = obs
         self._deferred = None
         self._launches = 0
         stats = _Collected(sum(r.max_new_tokens for r in servable), progress)
