@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from _support.audit import TINY_MODEL
+
 from warcore.audit.sanitizer import sanitize
 from warcore.testing import BindingWarning, assert_declarations_sound
 

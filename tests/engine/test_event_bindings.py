@@ -7,8 +7,8 @@ deterministic: no race window, no repeats."""
 from __future__ import annotations
 
 import pytest
-
 from _support.audit import TINY_MODEL
+
 from warcore.audit.bindings import audit_bindings, binding_summary
 from warcore.device import EventRing, RingTooShallow, WaitBinding, get_device
 from warcore.engine import Engine, EngineConfig, SchedulerConfig, synthetic_trace
