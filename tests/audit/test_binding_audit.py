@@ -48,7 +48,18 @@ def test_the_testing_kit_warns_with_both_forwards_and_passes() -> None:
 def test_warcore_sanitize_prints_the_late_binding_and_exits_zero() -> None:
     cmd = [sys.executable, "-m", "warcore", "sanitize", "--backend", "torch_native"]
     cmd += ["--algorithm", "none", "--requests", "4", "--copy-wait", "after-next-launch"]
+    cmd += ["--explain"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "WARNING (late-binding): the copy wait meant step" in done.stdout
     assert "sound with a late-binding WARNING" in done.stdout
+    # --explain: per wait, the forward it meant and the record it got
+    assert "torch_native / none: waits of the overlap run (binding audit)" in done.stdout
+    lines = [
+        ln.strip() for ln in done.stdout.splitlines() if ln.strip().startswith("barrier meant")
+    ]
+    assert lines and all(ln.endswith(": bound") for ln in lines)
+    assert any(
+        ln.strip().startswith("copy meant") and ln.endswith(": later")
+        for ln in done.stdout.splitlines()
+    )

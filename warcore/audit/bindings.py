@@ -24,7 +24,13 @@ from typing import Literal
 
 from warcore.device import ForwardId, WaitBinding
 
-__all__ = ["BindingFinding", "BindingKind", "audit_bindings", "binding_summary"]
+__all__ = [
+    "BindingFinding",
+    "BindingKind",
+    "audit_bindings",
+    "binding_summary",
+    "describe_binding",
+]
 
 BindingKind = Literal["early-binding", "late-binding"]
 
@@ -85,3 +91,14 @@ def binding_summary(bindings: Iterable[WaitBinding]) -> str:
     """``barrier 41 bound, copy 40 later``: each consumer's waits by verdict."""
     by: Counter[tuple[str, str]] = Counter((b.consumer, b.verdict) for b in bindings)
     return ", ".join(f"{c} {n} {v}" for (c, v), n in sorted(by.items())) or "no waits"
+
+
+def describe_binding(b: WaitBinding) -> str:
+    """``barrier meant step 4 target DECODE (forward #4) -> gen 2 of step 4 ...: bound``."""
+    meant = b.meant.describe() if b.meant is not None else "no forward"
+    if b.bound is None:
+        got = "no record (never recorded)"
+    else:
+        who = b.bound.forward.describe() if b.bound.forward is not None else "no forward"
+        got = f"record gen {b.bound.generation} of {who}"
+    return f"{b.consumer} meant {meant} -> {got}: {b.verdict}"

@@ -70,6 +70,7 @@ from warcore.core import (
     get_plugin_manager,
     get_registry,
 )
+from warcore.device import WaitBinding
 from warcore.engine.steps import engine_problem
 
 if TYPE_CHECKING:
@@ -224,6 +225,8 @@ class SanitizeReport:
     run."""
     binding_findings: list[BindingFinding] = field(default_factory=list)
     """Waits of the binding run bound to another forward's record (the binding audit)."""
+    binding_log: list[WaitBinding] = field(default_factory=list)
+    """Every wait of the binding run, in issue order (what ``--explain`` shows per step)."""
 
     @property
     def binding_violation(self) -> BindingFinding | None:
@@ -497,6 +500,7 @@ def _audit_bindings(
         return
     report.bindings = binding_summary(run.bindings)
     report.binding_findings = audit_bindings(run.bindings)
+    report.binding_log = list(run.bindings)
 
 
 @dataclass

@@ -125,6 +125,12 @@ def _sanitize_all(
                 violation = found.get((combo.backend, combo.algorithm))
                 if violation is not None:
                     print(violation_note(trace, violation))
+                report = next(
+                    r
+                    for r in reports
+                    if (r.backend, r.algorithm) == (combo.backend, combo.algorithm)
+                )
+                print(_explain_bindings(report))
     ran = sum(r.skipped is None for r in reports)
     unaudited = _unaudited(args, pm, reports)
     verdict = "VIOLATIONS FOUND" if problems else "NOT AUDITED" if unaudited else "all sound"
@@ -260,6 +266,23 @@ def _explain(trace: ReadTrace) -> str:
             f"{m.declared.name} ({m.declared_by}), records at {points}"
             f"{'; ' + after if after else ''}"
         )
+    return "\n".join(lines)
+
+
+_BINDINGS_SHOWN = 8
+
+
+def _explain_bindings(report: SanitizeReport) -> str:
+    """Per step of the binding run, the forward each wait meant and the record it got."""
+    from warcore.audit.bindings import describe_binding
+
+    log = report.binding_log
+    lines = [f"{report.backend} / {report.algorithm}: waits of the overlap run (binding audit)"]
+    lines += [f"  {describe_binding(b)}" for b in log[:_BINDINGS_SHOWN]]
+    if len(log) > _BINDINGS_SHOWN:
+        lines.append(f"  ... {len(log) - _BINDINGS_SHOWN} more ({report.bindings})")
+    elif not log:
+        lines.append("  no wait on a read-done event (every barrier was coarse)")
     return "\n".join(lines)
 
 
