@@ -179,3 +179,35 @@ def test_a_too_shallow_ring_is_refused_at_start_up_naming_the_runner_and_the_dep
         )
     with pytest.raises(ValueError, match="event_ring_depth must be an int >= 1"):
         EngineConfig(event_ring_depth=0)
+
+
+class _StickyMailbox(ReadDoneMailbox):
+    """A mailbox that keeps an earlier forward's event: a forward that publishes nothing does
+    not discard it (sglang's draft-extend runner: "UNKNOWN must discard any earlier phase's
+    event"), and the barrier's take leaves it in place."""
+
+    def put(self, event: object, forward: object = None) -> None:
+        if event is not None:
+            super().put(event, forward)  # type: ignore[arg-type]
+
+    def take_published(self) -> tuple[object, object]:  # type: ignore[override]
+        return self.peek_published()
+
+
+def test_a_stale_event_left_for_a_forward_that_publishes_nothing_binds_early() -> None:
+    """The prefill publishes nothing (torch_native declares no EXTEND boundary), but the
+    decode graph's persistent event is still in the mailbox: the barrier means the prefill and
+    binds to the earlier decode's record, a violation, named with both forwards."""
+    with Engine(EngineConfig(**SMALL), device="sim") as engine:  # type: ignore[arg-type]
+        engine.runner.mailbox = _StickyMailbox()
+        trace = synthetic_trace(6, seed=1, output_len=(3, 8))
+        for i, req in enumerate(trace):
+            req.arrival_step = 4 * i  # prefills between decodes
+        report = engine.run(trace)
+    findings = audit_bindings(report.bindings)
+    early = [f for f in findings if f.violation]
+    assert early and early[0].consumer == "barrier"
+    f = early[0]
+    assert (f.meant.mode, f.bound.mode) == ("EXTEND", "DECODE")
+    assert f.bound.seq < f.meant.seq
+    assert f"meant step {f.meant.step} target EXTEND" in f.describe()

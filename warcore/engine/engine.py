@@ -306,6 +306,10 @@ class Engine:
         which fence it took."""
         owner = self.worker.mailbox
         event, meant = owner.mailbox.take_published() if owner is not None else (None, None)
+        if owner is not None and owner.forward is not None:
+            # The barrier means the owner's latest forward (the step's last reader), whoever
+            # left the event: a stale event left by an earlier forward binds early.
+            meant = owner.forward
         fence = self.config.fence
         if fence == "none":
             kind = "none"
