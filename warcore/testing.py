@@ -17,7 +17,10 @@ It gives you:
 * :func:`assert_declarations_sound`, the conformance check: it runs the WAR sanitizer over a
   backend's or an algorithm's declarations (every combination the reference engine can run)
   and fails with the sanitizer's report, and the read tracer's account of where the offending
-  mode's last shared read is, when a read-done event is recorded before a shared read.
+  mode's last shared read is, when a read-done event is recorded before a shared read. It
+  also runs the binding audit: a wait bound to an earlier forward's record fails the check; a
+  wait bound to a later forward's record (a liveness hazard) is a :class:`BindingWarning`
+  naming both forwards.
 * :class:`DeclaredBackend`, a plugin object offering a backend class under declarations you
   choose: to check that your backend passes with its declarations, and that the sanitizer
   catches it when a declaration is made earlier than the code allows.
@@ -31,6 +34,7 @@ It gives you:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -56,6 +60,7 @@ from warcore.core import (
 from warcore.engine import builtin_plugin as core_builtins
 
 __all__ = [
+    "BindingWarning",
     "CoreAlgorithms",
     "DeclaredAlgorithm",
     "DeclaredBackend",
@@ -68,6 +73,12 @@ __all__ = [
 ]
 
 Builtins = Literal["all", "algorithms", "none"]
+
+
+class BindingWarning(UserWarning):
+    """A wait on a read-done event bound to a later forward's record than the one it meant
+    (a liveness hazard, sglang #31072's shape); the message names both forwards."""
+
 
 MARKER = "warcore_plugins"
 
@@ -326,6 +337,10 @@ def assert_declarations_sound(
     if not reports:
         why = "; ".join(f"{c.backend}/{c.algorithm}: {c.skipped}" for c in combos)
         raise AssertionError(f"nothing to sanitize here ({why or 'no combination'})")
+    for r in reports:
+        for finding in r.binding_warnings:
+            label = f"{r.backend} / {r.algorithm}"
+            warnings.warn(f"{label}: {finding.describe()}", BindingWarning, stacklevel=2)
     failed = [r for r in reports if not r.sound]
     if failed:
         parts = [r.format() for r in failed]

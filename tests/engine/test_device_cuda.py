@@ -132,3 +132,28 @@ def test_capture_from_the_default_stream_uses_a_side_stream(dev: Device) -> None
     graph.replay()
     dev.synchronize()
     assert x.tolist() == [4.0, 4.0, 4.0, 4.0]
+
+
+@pytest.mark.cuda
+def test_cuda_records_carry_their_forward_and_replayed_nodes_rebind(dev: Device) -> None:
+    """Issue 20 on the cuda device (written like the sim test; untested without a GPU): a
+    plain record and each replay of an in-graph node carry the forward current on the host,
+    and a wait returns the record it bound to."""
+    fwd, copy = dev.new_stream("forward"), dev.new_stream("copy")
+    ev = dev.new_event()
+    a = dev.begin_forward(1, "target", "DECODE")
+    ev.record(fwd)
+    bound = copy.wait_event(ev)
+    assert bound is not None and bound.forward == a
+    node, graph = dev.new_event(external=True), dev.new_graph()
+    x = torch.zeros(4, device=dev.torch_device)
+    with dev.use_stream(fwd):
+        with dev.capture(graph):
+            dev.launch(lambda: x.add_(1), "body")
+            node.record()
+        n = dev.begin_forward(2, "target", "DECODE")
+        graph.replay()
+        n1 = dev.begin_forward(3, "target", "DECODE")
+        graph.replay()
+    late = copy.wait_event(node)
+    assert late is not None and late.forward == n1 and late.forward != n

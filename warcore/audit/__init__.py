@@ -6,6 +6,8 @@
 * :mod:`~warcore.audit.sanitizer`: the WAR sanitizer, which poisons the shared buffers from each
   read-done point on and checks that no output changes (with its private
   :mod:`~warcore.audit._poison` and :mod:`~warcore.audit._sanitize_probe`);
+* :mod:`~warcore.audit.bindings`: the binding audit, which checks that every wait on a
+  read-done event bound to the record of the forward it meant;
 * :mod:`~warcore.audit.tracer`: the read tracer, which says where a forward's last shared read
   really is;
 * :mod:`~warcore.audit.soak`: a long random overlap run, every segment checked against serial

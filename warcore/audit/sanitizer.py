@@ -54,6 +54,7 @@ from warcore.audit._sanitize_probe import (
     barrier_sources,
     mark_poisoned,
 )
+from warcore.audit.bindings import BindingFinding, audit_bindings, binding_summary
 from warcore.core import (
     Decision,
     DecisionCache,
@@ -69,11 +70,13 @@ from warcore.core import (
     get_plugin_manager,
     get_registry,
 )
+from warcore.device import WaitBinding
 from warcore.engine.steps import engine_problem
 
 if TYPE_CHECKING:
     from warcore.audit._sanitize_probe import ForwardRecord
     from warcore.engine import Engine, EngineConfig, ModelConfig, Request
+    from warcore.engine.config import CopyWait
     from warcore.runners import RunnerGroup
 
 __all__ = [
@@ -216,11 +219,28 @@ class SanitizeReport:
     elapsed_s: float = 0.0
     """Everything: both engines built and run, and the comparison."""
     run_s: dict[str, float] = field(default_factory=dict)
-    """``engine.run`` alone, per run (``clean``, ``poisoned``): the instrumented forwards."""
+    """``engine.run`` alone, per run (``clean``, ``poisoned``, ``bindings``)."""
+    bindings: str = ""
+    """The binding run's waits by consumer and verdict (``barrier 41 bound``); empty: not
+    run."""
+    binding_findings: list[BindingFinding] = field(default_factory=list)
+    """Waits of the binding run bound to another forward's record (the binding audit)."""
+    binding_log: list[WaitBinding] = field(default_factory=list)
+    """Every wait of the binding run, in issue order (what ``--explain`` shows per step)."""
+
+    @property
+    def binding_violation(self) -> BindingFinding | None:
+        """The first wait bound to an *earlier* forward's record (unsafe), if any."""
+        return next((f for f in self.binding_findings if f.violation), None)
+
+    @property
+    def binding_warnings(self) -> list[BindingFinding]:
+        """Waits bound to a *later* forward's record (a liveness hazard)."""
+        return [f for f in self.binding_findings if not f.violation]
 
     @property
     def sound(self) -> bool:
-        return self.violation is None and self.error is None
+        return self.violation is None and self.error is None and self.binding_violation is None
 
     @property
     def verdict(self) -> str:
@@ -230,7 +250,10 @@ class SanitizeReport:
             return "ERROR"
         if self.violation is not None:
             return f"VIOLATION ({self.violation.kind})"
-        return "sound" if self.checked else "sound (nothing published)"
+        if self.binding_violation is not None:
+            return "VIOLATION (early-binding)"
+        warned = " with a late-binding WARNING" if self.binding_warnings else ""
+        return ("sound" if self.checked else "sound (nothing published)") + warned
 
     def format(self) -> str:
         lines = [
@@ -246,6 +269,9 @@ class SanitizeReport:
                 f"  {m.label:<22} declared {m.declared.name:<11} ({m.declared_by}); "
                 f"record point {points}{because}; {m.checked}/{m.forwards} checked"
             )
+        if self.bindings:
+            lines.append(f"  bindings (overlap loop): {self.bindings}")
+        lines += [f"  {f.describe()}" for f in self.binding_findings]
         if self.violation is not None:
             lines.append("  " + self.violation.describe())
         if self.error is not None:
@@ -380,13 +406,18 @@ def sanitize(
     max_running: int = 8,
     model: ModelConfig | None = None,
     sglang_fallback: bool = False,
+    bindings: bool = True,
+    copy_wait: CopyWait = "none",
 ) -> SanitizeReport:
     """Sanitize one backend x algorithm combination; see the module docstring.
 
     ``use_graphs``/``plant_node`` choose how decode-like forwards execute (eager, a graph with
     its node, a graph without); ``max_running`` bounds the batch (and the graph buckets);
     ``model`` replaces the reference model's configuration (a smaller one for fast tests);
-    ``sglang_fallback`` installs :class:`SglangFallbackDecisions`.
+    ``sglang_fallback`` installs :class:`SglangFallbackDecisions`. ``bindings`` adds the
+    binding audit: the trace served once more by the overlap loop (fine fence, and the copy
+    consumer ``copy_wait`` of :class:`~warcore.engine.EngineConfig`), every wait on a read-done
+    event checked for the record it bound to (:mod:`warcore.audit.bindings`).
     Configuration errors (unknown names) raise; engine failures become ``report.error``.
     """
     pm = pm if pm is not None else get_plugin_manager()
@@ -405,6 +436,8 @@ def sanitize(
     report = SanitizeReport(backend, algorithm, device, len(trace), config.flags)
     start = time.perf_counter()
     _clean_then_poisoned(report, config, pm, device, trace, legacy=sglang_fallback)
+    if bindings and report.error is None:
+        _audit_bindings(report, config, pm, device, trace, copy_wait, legacy=sglang_fallback)
     report.elapsed_s = time.perf_counter() - start
     return report
 
@@ -437,6 +470,37 @@ def _clean_then_poisoned(
         )
         return
     _compare(report, clean, poisoned)
+
+
+def _audit_bindings(
+    report: SanitizeReport,
+    config: EngineConfig,
+    pm: WarcorePluginManager,
+    device: str,
+    trace: list[Request],
+    copy_wait: CopyWait,
+    *,
+    legacy: bool,
+) -> None:
+    """Serve the trace with the overlap loop (the barrier runs only there) and audit which
+    record every wait bound to. Binding happens on the host, so this is deterministic."""
+    from warcore.engine import Engine
+
+    overlap = replace(config, loop="overlap", fence="fine", copy_wait=copy_wait)
+    with Engine(overlap, device=device, pm=pm) as engine:
+        if legacy:
+            fallback = SglangFallbackDecisions(pm)
+            for runner in engine.runners:
+                runner.decisions = fallback
+        t0 = time.perf_counter()
+        run = engine.run(trace)
+        report.run_s["bindings"] = time.perf_counter() - t0
+    if run.stopped is not None:
+        report.error = f"the binding run failed: {run.stopped}"
+        return
+    report.bindings = binding_summary(run.bindings)
+    report.binding_findings = audit_bindings(run.bindings)
+    report.binding_log = list(run.bindings)
 
 
 @dataclass

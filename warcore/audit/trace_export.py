@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from warcore.core import ForwardMode, RecordPoint
+from warcore.device import WaitBinding
 from warcore.engine.observe import EngineObserver
 
 __all__ = [
     "FORWARD_STREAM",
     "SCHEDULE_STREAM",
     "BarrierRecord",
+    "BindingRecord",
     "DeviceSpan",
     "ForwardRecord",
     "ForwardTimeline",
@@ -86,6 +88,11 @@ class BarrierRecord(NamedTuple):
     t: float
 
 
+class BindingRecord(NamedTuple):
+    binding: WaitBinding
+    t: float
+
+
 class TraceRecorder(EngineObserver):
     """Keeps every observation of a run (or of several runs, one after another)."""
 
@@ -94,6 +101,7 @@ class TraceRecorder(EngineObserver):
         self.device: list[DeviceSpan] = []
         self.forwards: list[ForwardRecord] = []
         self.barriers: list[BarrierRecord] = []
+        self.bindings: list[BindingRecord] = []
         # device_span arrives from every stream's worker thread at once; the lock keeps the
         # list consistent on any interpreter (a few hundred ns against ms-long work items).
         self._lock = threading.Lock()
@@ -111,8 +119,12 @@ class TraceRecorder(EngineObserver):
     def barrier(self, kind: str, t: float) -> None:
         self.barriers.append(BarrierRecord(kind, t))
 
+    def binding(self, binding: WaitBinding, t: float) -> None:
+        self.bindings.append(BindingRecord(binding, t))
+
     def clear(self) -> None:
         with self._lock:
+            self.bindings.clear()
             self.host.clear()
             self.device.clear()
             self.forwards.clear()
@@ -282,6 +294,7 @@ def chrome_trace(recorder: TraceRecorder, metadata: dict[str, Any] | None = None
     for rec in tl.unplaced:
         _read_done(body, rec, None, tids[FORWARD_STREAM])
     _barriers(body, tl, tids[SCHEDULE_STREAM])
+    _bindings(body, recorder)
     events: list[dict[str, Any]] = [_meta("process_name", 0, {"name": "warcore engine"})]
     names = {_HOST_TID: "host"} | {tid: f"{name} stream" for name, tid in tids.items()}
     for tid, label in sorted(names.items()):
@@ -357,6 +370,23 @@ def _barriers(body: _Body, tl: Timeline, schedule_tid: int) -> None:
             what = "read-done event" if wait.kind == "fine" else "forward stream"
             args = {"fence": wait.kind, "waits_for": what, "derived": True}
             body.span(schedule_tid, wait.t0, wait.t1, f"wait {wait.kind}", "wait", args)
+
+
+def _bindings(body: _Body, recorder: TraceRecorder) -> None:
+    """Each wait on a read-done event as a host instant: the forward it meant, the record it
+    bound to, and the verdict (``bound``, ``earlier``, ``later``)."""
+    for rec in recorder.bindings:
+        b = rec.binding
+        bound = b.bound.forward if b.bound is not None else None
+        args = {
+            "consumer": b.consumer,
+            "meant": b.meant.describe() if b.meant is not None else None,
+            "bound_to": bound.describe() if bound is not None else None,
+            "generation": b.bound.generation if b.bound is not None else None,
+            "verdict": b.verdict,
+        }
+        name = f"{b.consumer} wait {b.verdict}"
+        body.instant(_HOST_TID, rec.t, name, "binding", args)
 
 
 def write_chrome_trace(

@@ -6,9 +6,10 @@ reference model in float64) is served
 
 * ``plain``: by a bare engine (``engine.run`` timed, after the graph-capture warm-up finished);
 * ``sanitize``: by :func:`warcore.audit.sanitizer.sanitize`, which serves it twice, a clean
-  instrumented run and a poisoned one, and compares them; its own ``run_s`` gives the two
-  ``engine.run`` times, and ``elapsed_s`` everything (both engines built, both runs, the
-  comparison).
+  instrumented run and a poisoned one, and compares them, then serves it once more with the
+  overlap loop for the binding audit; its own ``run_s`` gives the three ``engine.run`` times
+  (``bindings``: the binding run), and ``elapsed_s`` everything (the engines built, the runs,
+  the comparison).
 
 All as milliseconds per forward, and the instrumented runs as ratios to the plain one. The
 sanitizer is a test-time tool; this says what a conformance check costs, not a serving cost.
@@ -52,6 +53,7 @@ def _sanitized(backend: str, algorithm: str, requests: int, seed: int) -> dict[s
         "checked": report.checked,
         "clean_s": report.run_s.get("clean"),
         "poisoned_s": report.run_s.get("poisoned"),
+        "bindings_s": report.run_s.get("bindings"),
         "elapsed_s": report.elapsed_s,
     }
 
@@ -112,7 +114,7 @@ def _row(backend: str, algorithm: str, s: Samples) -> dict[str, Any]:
     san = s["sanitize"]
     per_forward = {
         key: [x[f"{key}_s"] / x["forwards"] * 1e3 for x in san if x[f"{key}_s"] and x["forwards"]]
-        for key in ("clean", "poisoned", "elapsed")
+        for key in ("clean", "poisoned", "bindings", "elapsed")
     }
     ratios = {
         key: [
@@ -120,7 +122,7 @@ def _row(backend: str, algorithm: str, s: Samples) -> dict[str, Any]:
             for x, (sec, n) in zip(san, s["plain"], strict=True)
             if x[f"{key}_s"] and x["forwards"] and n
         ]
-        for key in ("clean", "poisoned")
+        for key in ("clean", "poisoned", "bindings")
     }
     return {
         "backend": backend,
@@ -131,9 +133,11 @@ def _row(backend: str, algorithm: str, s: Samples) -> dict[str, Any]:
         "plain_ms_per_forward": summarise(plain_ms),
         "clean_ms_per_forward": summarise(per_forward["clean"]),
         "poisoned_ms_per_forward": summarise(per_forward["poisoned"]),
+        "bindings_ms_per_forward": summarise(per_forward["bindings"]),
         "sanitize_total_ms_per_forward": summarise(per_forward["elapsed"]),
         "clean_ratio_to_plain": summarise(ratios["clean"]),
         "poisoned_ratio_to_plain": summarise(ratios["poisoned"]),
+        "bindings_ratio_to_plain": summarise(ratios["bindings"]),
     }
 
 
@@ -157,6 +161,7 @@ def table(result: dict[str, Any]) -> str:
                 cell("clean_ms_per_forward"),
                 cell("poisoned_ms_per_forward"),
                 cell("poisoned_ratio_to_plain"),
+                cell("bindings_ms_per_forward"),
                 cell("sanitize_total_ms_per_forward"),
                 r["verdict"],
             ]
@@ -164,7 +169,17 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         head,
         format_table(
-            ["combination", "checked", "plain", "clean", "poisoned", "x plain", "all", "verdict"],
+            [
+                "combination",
+                "checked",
+                "plain",
+                "clean",
+                "poisoned",
+                "x plain",
+                "bindings",
+                "all",
+                "verdict",
+            ],
             rows,
         ),
     ]

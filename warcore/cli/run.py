@@ -100,6 +100,14 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         "scheduler device work per step in ms (a modelled H2D copy on the schedule stream)",
     )
     parser.add_argument(
+        "--copy-wait",
+        choices=("none", "at-barrier", "after-next-launch"),
+        default="none",
+        help="a second consumer of the read-done event on a copy stream: waits at the "
+        "barrier, or after the next step is launched (sglang #31072's shape: the binding "
+        "audit warns)",
+    )
+    parser.add_argument(
         "--trace",
         metavar="FILE",
         help="write a Chrome/Perfetto trace of the run (host, forward and schedule streams, "
@@ -181,6 +189,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         flags=tuple(sorted(flags.items())),
         modelled_layer_s=args.layer_ms / 1e3,
         schedule_work_s=args.schedule_ms / 1e3,
+        copy_wait=args.copy_wait,
     )
     trace = synthetic_trace(args.requests, seed=args.seed, prompts=args.prompts)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
@@ -250,6 +259,10 @@ def format_report(report: RunReport) -> str:
         lines.append(f"    {mode.name:<16} {where:<20} {n}")
     barriers = ", ".join(f"{kind} {n}" for kind, n in sorted(report.barriers.items())) or "-"
     lines.append(f"  barriers        {barriers}")
+    from warcore.audit.bindings import audit_bindings, binding_summary
+
+    lines.append(f"  bindings        {binding_summary(report.bindings)}")
+    lines += [f"    {f.describe()}" for f in audit_bindings(report.bindings)]
     if report.verifies:
         lines.append(
             f"  acceptance      {report.mean_accepted:.2f} draft tokens accepted per verify "

@@ -62,6 +62,18 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--no-plant-node", action="store_true", help="capture graphs without the in-graph node"
     )
     parser.add_argument(
+        "--copy-wait",
+        choices=("none", "at-barrier", "after-next-launch"),
+        default="none",
+        help="add a second consumer of the read-done event to the binding run: it waits at "
+        "the barrier, or only after the next step is launched (sglang #31072's shape)",
+    )
+    parser.add_argument(
+        "--no-bindings",
+        action="store_true",
+        help="skip the binding audit (the overlap run checking which record each wait bound to)",
+    )
+    parser.add_argument(
         "--sglang-fallback",
         action="store_true",
         help="use sglang #34052's record point for graphs without a node (IN_REPLAY before "
@@ -100,7 +112,7 @@ def _sanitize_all(
     reports = [_sanitize(args, flags, pm, combo) for combo in combos]
     _print_reports(reports)
     problems = [r for r in reports if not r.sound]
-    for report in problems:
+    for report in [r for r in reports if not r.sound or r.binding_warnings]:
         print()
         print(report.format())
     if args.explain:
@@ -113,6 +125,12 @@ def _sanitize_all(
                 violation = found.get((combo.backend, combo.algorithm))
                 if violation is not None:
                     print(violation_note(trace, violation))
+                report = next(
+                    r
+                    for r in reports
+                    if (r.backend, r.algorithm) == (combo.backend, combo.algorithm)
+                )
+                print(_explain_bindings(report))
     ran = sum(r.skipped is None for r in reports)
     unaudited = _unaudited(args, pm, reports)
     verdict = "VIOLATIONS FOUND" if problems else "NOT AUDITED" if unaudited else "all sound"
@@ -186,6 +204,8 @@ def _sanitize(
         use_graphs=not args.no_graphs,
         plant_node=not args.no_plant_node,
         sglang_fallback=args.sglang_fallback,
+        bindings=not args.no_bindings,
+        copy_wait=args.copy_wait,
     )
 
 
@@ -246,6 +266,23 @@ def _explain(trace: ReadTrace) -> str:
             f"{m.declared.name} ({m.declared_by}), records at {points}"
             f"{'; ' + after if after else ''}"
         )
+    return "\n".join(lines)
+
+
+_BINDINGS_SHOWN = 8
+
+
+def _explain_bindings(report: SanitizeReport) -> str:
+    """Per step of the binding run, the forward each wait meant and the record it got."""
+    from warcore.audit.bindings import describe_binding
+
+    log = report.binding_log
+    lines = [f"{report.backend} / {report.algorithm}: waits of the overlap run (binding audit)"]
+    lines += [f"  {describe_binding(b)}" for b in log[:_BINDINGS_SHOWN]]
+    if len(log) > _BINDINGS_SHOWN:
+        lines.append(f"  ... {len(log) - _BINDINGS_SHOWN} more ({report.bindings})")
+    elif not log:
+        lines.append("  no wait on a read-done event (every barrier was coarse)")
     return "\n".join(lines)
 
 

@@ -7,17 +7,35 @@ does not import torch; :func:`get_device` does.
 
 from __future__ import annotations
 
-from ._base import DEVICE_NAMES, Device, DeviceError, Event, Graph, SpanSink, Stream
+from ._base import (
+    DEVICE_NAMES,
+    Device,
+    DeviceError,
+    Event,
+    ForwardId,
+    Graph,
+    RecordRef,
+    SpanSink,
+    Stream,
+    WaitBinding,
+)
+from ._ring import EventRing, RingTooShallow, records_in_flight
 
 __all__ = [
     "DEVICE_NAMES",
     "Device",
     "DeviceError",
     "Event",
+    "EventRing",
+    "ForwardId",
     "Graph",
+    "RecordRef",
+    "RingTooShallow",
     "SpanSink",
     "Stream",
+    "WaitBinding",
     "get_device",
+    "records_in_flight",
 ]
 
 

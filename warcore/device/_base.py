@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -47,10 +47,63 @@ class _Failure:
     exc: BaseException
 
 
+class ForwardId(NamedTuple):
+    """The forward a record belongs to: ``seq`` orders forwards on their device (one count per
+    device, in launch order); ``step`` and ``runner`` say which step's which runner it was."""
+
+    seq: int
+    step: int
+    runner: str
+    mode: str
+
+    def describe(self) -> str:
+        return f"step {self.step} {self.runner} {self.mode} (forward #{self.seq})"
+
+
+class RecordRef(NamedTuple):
+    """One record of an event: its generation (1, 2, ... per event, bound when the host issued
+    the record) and the forward that was current on the host thread then (``None``: none)."""
+
+    generation: int
+    forward: ForwardId | None
+
+
+class WaitBinding(NamedTuple):
+    """One wait on a read-done event: who waited (``barrier``, ``copy``, ...), the forward it
+    meant (the one that published the event) and the record it bound to."""
+
+    consumer: str
+    meant: ForwardId | None
+    bound: RecordRef | None
+
+    @property
+    def verdict(self) -> str:
+        """``bound`` (to the forward it meant), ``earlier`` (to an earlier forward's record:
+        it may not wait for the reads it fences, unsafe), ``later`` (to a later forward's:
+        it waits for more than it means, the shape that deadlocked sglang #31072), or
+        ``unknown`` (no forward on one side: nothing to compare)."""
+        bound = self.bound.forward if self.bound is not None else None
+        if self.meant is None or bound is None:
+            return "unknown"
+        if bound.seq == self.meant.seq:
+            return "bound"
+        return "earlier" if bound.seq < self.meant.seq else "later"
+
+
 class Event(ABC):
-    """A marker recorded into a stream's work; waits and host syncs bind to a recorded point."""
+    """A marker recorded into a stream's work; waits and host syncs bind to a recorded point.
+
+    Every record is bound on the host, when it is issued (a graph's record node: when the graph
+    is replayed), and carries the forward current on that host thread
+    (:meth:`Device.set_forward`); :meth:`last_record` says which record a wait issued now
+    would bind to, and :meth:`Stream.wait_event` returns the one it bound to.
+    """
 
     external: bool
+
+    @abstractmethod
+    def last_record(self) -> RecordRef | None:
+        """The record bound last on the host (``None``: never recorded)."""
 
     @abstractmethod
     def record(self, stream: Stream | None = None) -> None:
@@ -80,8 +133,9 @@ class Stream(ABC):
         return f"<{type(self).__name__} {self.name!r} on {self._device.name}>"
 
     @abstractmethod
-    def wait_event(self, event: Event) -> None:
-        """Later work on this stream waits for ``event``'s latest recorded point (GPU side)."""
+    def wait_event(self, event: Event) -> RecordRef | None:
+        """Later work on this stream waits for ``event``'s latest recorded point (GPU side);
+        returns the record the wait bound to (``None``: never recorded, the wait is a no-op)."""
 
     def wait_stream(self, other: Stream) -> None:
         """Later work on this stream waits for all work enqueued on ``other`` so far."""
@@ -137,6 +191,7 @@ class Device(ABC):
         self._tls = threading.local()
         self._span_sink: SpanSink | None = None
         self._closed = False
+        self._forward_seq = itertools.count(1)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -168,6 +223,20 @@ class Device(ABC):
     def use_stream(self, stream: Stream) -> AbstractContextManager[None]:
         """Make ``stream`` the current stream of this host thread for the ``with`` block."""
         return self._use_stream(stream)
+
+    # -- the forward that records ----------------------------------------------------------
+
+    def begin_forward(self, step: int, runner: str, mode: str) -> ForwardId:
+        """A forward starts on this host thread: every record issued here until the next one
+        carries the returned id (numbered in launch order on this device)."""
+        forward = ForwardId(next(self._forward_seq), step, runner, mode)
+        self._tls.forward = forward
+        return forward
+
+    def current_forward(self) -> ForwardId | None:
+        """The forward the records this host thread issues now belong to."""
+        forward: ForwardId | None = getattr(self._tls, "forward", None)
+        return forward
 
     # -- events, work, graphs ---------------------------------------------------------------
 

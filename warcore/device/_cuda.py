@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
-from ._base import Device, DeviceError, Event, Graph, Stream
+from ._base import Device, DeviceError, Event, ForwardId, Graph, RecordRef, Stream
 
 # torch's default "global" capture mode makes an unsafe CUDA call from ANY thread invalidate the
 # capture; the overlap scheduler keeps running on its own thread, so only this thread's calls
@@ -30,6 +30,18 @@ class CudaEvent(Event):
         # cudaEventRecordExternal, which makes an event-record node that fires on every replay.
         self.raw = torch.cuda.Event(external=external)  # type: ignore[no-untyped-call]
         self._src: tuple[CudaStream, int] | None = None
+        # Host-side binding, as on sim: CUDA binds a wait to the record issued last when the
+        # wait is issued, so the generation and forward of that record are known on the host.
+        # (Written like the sim device's; untested without a GPU.)
+        self._gen = 0
+        self._forward: ForwardId | None = None
+
+    def _bind(self) -> None:
+        self._gen += 1
+        self._forward = self._device.current_forward()
+
+    def last_record(self) -> RecordRef | None:
+        return RecordRef(self._gen, self._forward) if self._gen else None
 
     def record(self, stream: Stream | None = None) -> None:
         target = self._device._cuda_stream(stream)
@@ -47,6 +59,7 @@ class CudaEvent(Event):
             return
         self.raw.record(target.raw)
         self._src = (target, target._seq)
+        self._bind()
 
     def synchronize(self) -> None:
         src = self._src
@@ -78,12 +91,13 @@ class CudaStream(Stream):
                 "warcore capture)"
             )
 
-    def wait_event(self, event: Event) -> None:
+    def wait_event(self, event: Event) -> RecordRef | None:
         if not isinstance(event, CudaEvent):
             raise DeviceError(f"stream {self.name!r} cannot wait on {event!r}: not a cuda event")
         self._check_not_capturing("an event wait")
         # An event never recorded makes this a no-op (torch skips the wait).
         self.raw.wait_event(event.raw)
+        return event.last_record()
 
     def synchronize(self) -> None:
         self._check_not_capturing("synchronize")
@@ -116,6 +130,7 @@ class CudaGraph(Graph):
             self.raw.replay()
         for ev in self._record_nodes:
             ev._src = (stream, stream._seq)
+            ev._bind()  # each replay's node re-arms the event: a new record, this forward's
 
 
 class CudaDevice(Device):

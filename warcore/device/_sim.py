@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
-from ._base import Device, DeviceError, Event, Graph, Stream
+from ._base import Device, DeviceError, Event, ForwardId, Graph, RecordRef, Stream
 
 _log = logging.getLogger(__name__)
 
@@ -75,22 +75,24 @@ class SimEvent(Event):
         # Stream and submission number of the latest record, to tell whether that stream had
         # already failed when the record was reached (Event.synchronize raises only then).
         self._src: tuple[SimStream, int] | None = None
+        self._forward: ForwardId | None = None  # the forward of the latest record
 
     def __repr__(self) -> str:
         return f"<SimEvent gen={self._gen} external={self.external}>"
 
     # -- called by streams ------------------------------------------------------------------
 
-    def _bind_record(self, stream: SimStream, seq: int) -> int:
+    def _bind_record(self, stream: SimStream, seq: int, forward: ForwardId | None) -> int:
         with self._cond:
             self._gen += 1
             self._pending.add(self._gen)
             self._src = (stream, seq)
+            self._forward = forward
             return self._gen
 
-    def _latest(self) -> int:
+    def last_record(self) -> RecordRef | None:
         with self._cond:
-            return self._gen
+            return RecordRef(self._gen, self._forward) if self._gen else None
 
     def _complete(self, gen: int) -> None:
         with self._cond:
@@ -163,7 +165,10 @@ class SimStream(Stream):
                 seq = self._next_seq
                 self._next_seq += 1
                 if isinstance(item, _Record):
-                    item.gen = item.event._bind_record(self, seq)
+                    # The forward current on the submitting host thread: the one this record
+                    # (a plain record, or a replayed graph's node) belongs to.
+                    forward = self._sim_device.current_forward()
+                    item.gen = item.event._bind_record(self, seq, forward)
                 self._queue.put((seq, item))
 
     def _run(self) -> None:
@@ -224,14 +229,15 @@ class SimStream(Stream):
                 "run; a CUDA capture would be invalidated by this"
             )
 
-    def wait_event(self, event: Event) -> None:
+    def wait_event(self, event: Event) -> RecordRef | None:
         if not isinstance(event, SimEvent):
             raise DeviceError(f"stream {self.name!r} cannot wait on {event!r}: not a sim event")
         self._check_not_capturing("an event wait")
-        gen = event._latest()
-        if gen == 0:
-            return  # never recorded: a no-op, as cudaStreamWaitEvent on an unrecorded event
-        self._submit((_Wait(event, gen),))
+        bound = event.last_record()
+        if bound is None:
+            return None  # never recorded: a no-op, as cudaStreamWaitEvent on an unrecorded event
+        self._submit((_Wait(event, bound.generation),))
+        return bound
 
     def synchronize(self) -> None:
         self._check_not_capturing("synchronize")

@@ -9,12 +9,23 @@ from typing import Literal
 from warcore.engine.model import ModelConfig
 from warcore.engine.scheduler import SchedulerConfig
 
-__all__ = ["FENCES", "LOOPS", "MAX_MODELLED_S", "EngineConfig", "Fence", "Loop"]
+__all__ = [
+    "COPY_WAITS",
+    "FENCES",
+    "LOOPS",
+    "MAX_MODELLED_S",
+    "CopyWait",
+    "EngineConfig",
+    "Fence",
+    "Loop",
+]
 
 Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
+CopyWait = Literal["none", "at-barrier", "after-next-launch"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
 LOOPS: tuple[Loop, ...] = ("overlap", "serial")
+COPY_WAITS: tuple[CopyWait, ...] = ("none", "at-barrier", "after-next-launch")
 
 
 MAX_MODELLED_S = 1.0
@@ -43,6 +54,15 @@ class EngineConfig:
     """Extra device time per model layer that uses no CPU (sim only): makes the tiny CPU
     forward behave like a GPU's, whose kernels do not compete with the host for the CPU and
     the GIL. Benchmarks state the value they use; 0 for tests."""
+    copy_wait: CopyWait = "none"
+    """A second consumer of the step's read-done event, on a ``copy`` stream (the overlap
+    loop only): ``at-barrier`` waits right after the barrier; ``after-next-launch`` waits only
+    after the next step is launched, the shape of sglang #31072's copy-side wait (with the
+    persistent in-graph event it binds to the *next* forward's record; the binding audit
+    reports it)."""
+    event_ring_depth: int | None = None
+    """Events per publishing runner's ring (``None``: the depth its records in flight need,
+    derived from the step and the consumers); a shallower one is refused at start-up."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
     """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
     what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
@@ -53,6 +73,14 @@ class EngineConfig:
             raise ValueError(f"unknown fence {self.fence!r}; valid: {', '.join(FENCES)}")
         if self.loop not in LOOPS:
             raise ValueError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
+        if self.copy_wait not in COPY_WAITS:
+            raise ValueError(
+                f"unknown copy_wait {self.copy_wait!r}; valid: {', '.join(COPY_WAITS)}"
+            )
+        if self.event_ring_depth is not None and (
+            not isinstance(self.event_ring_depth, int) or self.event_ring_depth < 1
+        ):
+            raise ValueError(f"event_ring_depth must be an int >= 1, got {self.event_ring_depth!r}")
         if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
             raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:

@@ -36,7 +36,16 @@ from warcore.core import (
     get_plugin_manager,
     get_registry,
 )
-from warcore.device import Device, DeviceError, get_device
+from warcore.device import (
+    Device,
+    DeviceError,
+    Event,
+    EventRing,
+    ForwardId,
+    WaitBinding,
+    get_device,
+    records_in_flight,
+)
 from warcore.engine.config import EngineConfig
 from warcore.engine.drafter import DrafterError, as_drafter
 from warcore.engine.model import TinyLlama
@@ -45,7 +54,7 @@ from warcore.engine.report import RunReport
 from warcore.engine.requests import Request
 from warcore.engine.scheduler import Scheduled, Scheduler
 from warcore.engine.spec import StepWorker, Worker, build_drafter
-from warcore.engine.steps import engine_problem, step_of
+from warcore.engine.steps import engine_problem, records_per_step, step_of
 from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
 __all__ = ["Engine", "EngineFailed"]
@@ -138,12 +147,32 @@ class Engine:
         self.worker: Worker = self.step_worker
         """What the loop launches: the step worker, or an audit tool's wrapper around it."""
         self.barriers: Counter[str] = Counter()
+        self.bindings: list[WaitBinding] = []
+        """Every wait on a read-done event in the run (the barrier's, the copy consumer's):
+        the forward it meant and the record it bound to (see :mod:`warcore.audit.bindings`)."""
+        self.copy_stream = self.device.new_stream("copy") if cfg.copy_wait != "none" else None
+        self._deferred: tuple[Event, ForwardId | None] | None = None
+        self._launches = 0
+        self._observer: EngineObserver = _NO_OBSERVER
+        self._build_rings()
         self.failure: DeviceError | None = None
         self._scheduler: Scheduler | None = None
         """The scheduler of the run in progress (the rows it released, for the drafter)."""
         # Capture's warm-up forwards are queued on the forward stream: finish them here, so a
         # run's time is the run's, and a fault during capture surfaces at construction.
         self.device.synchronize()
+
+    def _build_rings(self) -> None:
+        """Give each runner a ring as deep as the records it can have in flight: the barrier
+        waits right after the step it means; ``after-next-launch`` waits one step later, while
+        the runner issues up to its forwards-per-step more records. A configured depth below
+        that is refused, naming the runner and the depth it needs."""
+        lag = 1 if self.config.copy_wait == "after-next-launch" else 0
+        for runner in self.runners:
+            per_step = records_per_step(self.step, runner.name, self.num_draft)
+            needed = records_in_flight(per_step, lag)
+            depth = self.config.event_ring_depth or needed
+            runner.ring = EventRing(self.device, depth, f"runner {runner.name!r}", needed=needed)
 
     def _step_worker(self, algorithm: AlgorithmSpec, factory: Callable[..., object]) -> StepWorker:
         """The generic worker for the algorithm's step, with the draft model's runner group and
@@ -254,7 +283,12 @@ class Engine:
         self.forward_stream.wait_stream(self.schedule_stream)  # RAW: read what was written
         self._release_rows()
         step = replace(scheduled.step, request_ids=tuple(r.rid for r in scheduled.requests))
-        return self.worker.launch(step)
+        self._launches += 1
+        for runner in self.runners:
+            runner.step_index = self._launches
+        out = self.worker.launch(step)
+        self._copy_wait_deferred()
+        return out
 
     def _release_rows(self) -> None:
         """Tell the worker (its drafter) which admitted rows the scheduler released since the
@@ -271,20 +305,47 @@ class Engine:
         """WAR fence for the scheduler's next writes (sglang's ``_apply_war_barrier``); returns
         which fence it took."""
         owner = self.worker.mailbox
-        event = owner.mailbox.take() if owner is not None else None
+        event, meant = owner.mailbox.take_published() if owner is not None else (None, None)
+        if owner is not None and owner.forward is not None:
+            # The barrier means the owner's latest forward (the step's last reader), whoever
+            # left the event: a stale event left by an earlier forward binds early.
+            meant = owner.forward
         fence = self.config.fence
         if fence == "none":
             kind = "none"
         elif fence == "fine" and event is not None and not self.pm.config.force_coarse:
             # Force-coarse is read at every barrier, as sglang does: switching it on while
             # running takes effect at the next barrier, before any cached decision is redone.
-            self.schedule_stream.wait_event(event)
+            self._bound(WaitBinding("barrier", meant, self.schedule_stream.wait_event(event)))
             kind = "fine"
         else:
             self.schedule_stream.wait_stream(self.forward_stream)
             kind = "coarse"
         self.barriers[kind] += 1
+        if event is not None and self.copy_stream is not None:
+            if self.config.copy_wait == "at-barrier":
+                self._copy_wait(event, meant)
+            else:  # after-next-launch: sglang #31072's copy-side wait
+                self._deferred = (event, meant)
         return kind
+
+    def _bound(self, binding: WaitBinding) -> None:
+        self.bindings.append(binding)
+        if self._observer is not _NO_OBSERVER:
+            self._observer.binding(binding, time.perf_counter())
+
+    def _copy_wait_deferred(self) -> None:
+        if self._deferred is not None:
+            event, meant = self._deferred
+            self._deferred = None
+            self._copy_wait(event, meant)
+
+    def _copy_wait(self, event: Event, meant: ForwardId | None) -> None:
+        """The copy consumer: its stream waits on the event, then copies (a no-op here)."""
+        assert self.copy_stream is not None
+        self._bound(WaitBinding("copy", meant, self.copy_stream.wait_event(event)))
+        with self.device.use_stream(self.copy_stream):
+            self.device.launch(_copy_out, "copy_out")
 
     # -- the loop -------------------------------------------------------------------------
     def run(
@@ -340,6 +401,10 @@ class Engine:
         for runner in self.runners:
             runner.published.clear()
         self.barriers.clear()
+        self.bindings.clear()
+        self._observer = obs
+        self._deferred = None
+        self._launches = 0
         stats = _Collected(sum(r.max_new_tokens for r in servable), progress)
         start = time.perf_counter()
         stopped, drafter_problems = self._serve(sched, stats, obs, reqs)
@@ -415,6 +480,7 @@ class Engine:
             accepted_drafts=stats.accepted,
             stopped=stopped,
             drafter_problems=drafter_problems,
+            bindings=list(self.bindings),
         )
 
     def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:
@@ -445,6 +511,7 @@ class Engine:
                 in_flight = launched
             stats.report_progress()
             stats.steps += 1
+        self._copy_wait_deferred()
         if in_flight is not None:
             stats.collect(sched, *in_flight)
 
@@ -486,6 +553,10 @@ class Engine:
 
 
 _NO_OBSERVER = EngineObserver()
+
+
+def _copy_out() -> None:
+    """The copy consumer's work after its wait (a real engine copies KV out here)."""
 
 
 def _plugin_of(pm: WarcorePluginManager, algorithm: str) -> str:

@@ -9,6 +9,7 @@ when a runner launches a forward, with the record point it used.
 from __future__ import annotations
 
 from warcore.core import ForwardMode, RecordPoint
+from warcore.device import WaitBinding
 
 __all__ = ["EngineObserver"]
 
@@ -25,3 +26,7 @@ class EngineObserver:
 
     def barrier(self, kind: str, t: float) -> None:
         """The scheduler's WAR barrier: ``fine`` (waits on an event), ``coarse`` or ``none``."""
+
+    def binding(self, binding: WaitBinding, t: float) -> None:
+        """A consumer (``barrier``, ``copy``) waited on a read-done event: the forward it meant
+        and the record it bound to."""

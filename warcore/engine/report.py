@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from warcore.core import ForwardMode, RecordPoint
+from warcore.device import WaitBinding
 from warcore.engine.config import EngineConfig
 
 __all__ = ["RunReport", "compare_with_serial"]
@@ -37,6 +38,9 @@ class RunReport:
     """How the algorithm's drafter broke its contract in this run (invalid drafts replaced, a
     method that raised), one line each naming the algorithm and its plugin. The tokens are
     still correct: a wrong draft costs acceptance only."""
+    bindings: list[WaitBinding] = field(default_factory=list)
+    """Every wait on a read-done event, in issue order: the forward it meant and the record
+    it bound to (:func:`warcore.audit.bindings.audit_bindings` judges them)."""
     matches_serial: bool | None = None
     """Whether the tokens equal those of the serial loop; ``None``: not compared (not asked,
     or requests failed in either run: see :func:`compare_with_serial`)."""

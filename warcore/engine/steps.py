@@ -38,6 +38,7 @@ __all__ = [
     "FAMILY_STEPS",
     "NONE_STEP",
     "engine_problem",
+    "records_per_step",
     "step_of",
 ]
 
@@ -159,3 +160,18 @@ def _step_problem(step: StepSpec) -> str | None:
     if step.has_draft_model and step.propose:
         return "it has both a draft model and a proposing drafter; the engine builds one"
     return None
+
+
+def records_per_step(step: StepSpec, runner: str, num_draft: int) -> int:
+    """The most read-done records ``runner`` can issue in one step of ``step``: one per
+    forward it runs (an upper bound: a forward publishes at most once), the larger of the
+    prefill and the decode step; at least 1."""
+
+    def count(phases: tuple[Phase, ...]) -> int:
+        return sum(
+            num_draft if p.repeat == NUM_DRAFT else int(p.repeat)
+            for p in phases
+            if p.runner == runner
+        )
+
+    return max(1, count(step.prefill), count(step.decode))

@@ -19,7 +19,7 @@ import torch
 
 from warcore.batch import ForwardBatch, KVPool, Model, RowState, StepInput
 from warcore.core import ForwardMode, RecordPoint, runner_kind_for
-from warcore.device import Device, Event, Stream
+from warcore.device import Device, Event, EventRing, ForwardId, Stream
 
 if TYPE_CHECKING:
     from warcore.attention import AttentionBackend
@@ -87,20 +87,37 @@ class ForwardProbe:
 
 class ReadDoneMailbox:
     """Where a runner leaves the read-done event of its latest forward (sglang's
-    ``war_fastpath_read_done_event``); the scheduler's barrier takes and clears it."""
+    ``war_fastpath_read_done_event``); the scheduler's barrier takes and clears it.
+
+    Beside the event it keeps the forward that published it: the forward a wait on the event
+    *means*. Which record the wait *binds to* is the event's, at the wait
+    (:meth:`Stream.wait_event <warcore.device.Stream.wait_event>` returns it); the binding
+    audit compares the two."""
 
     def __init__(self) -> None:
         self._event: Event | None = None
+        self._forward: ForwardId | None = None
 
-    def put(self, event: Event | None) -> None:
+    def put(self, event: Event | None, forward: ForwardId | None = None) -> None:
         self._event = event
+        self._forward = forward
 
     def take(self) -> Event | None:
         event, self._event = self._event, None
         return event
 
+    def take_published(self) -> tuple[Event | None, ForwardId | None]:
+        """Take and clear the event and the forward that published it."""
+        event, forward = self._event, self._forward
+        self._event = self._forward = None
+        return event, forward
+
     def peek(self) -> Event | None:
         return self._event
+
+    def peek_published(self) -> tuple[Event | None, ForwardId | None]:
+        """The event and its forward, left in place (a second consumer's view)."""
+        return self._event, self._forward
 
 
 @dataclass
@@ -169,6 +186,14 @@ class ModelRunner:
         self.max_bs = max_bs
         self.capacity = capacity
         self.mailbox = ReadDoneMailbox()
+        self.ring = EventRing(device, 1, f"runner {name!r}")
+        """Where :meth:`publish` draws its read-done events from; the engine replaces it with
+        one as deep as the records this runner can have in flight (see
+        :func:`warcore.device.records_in_flight`)."""
+        self.step_index = 0
+        """The engine's step this runner's next forwards belong to (their records carry it)."""
+        self.forward: ForwardId | None = None
+        """The forward in progress (its records carry this id)."""
         tdev = device.torch_device
         cfg = model.cfg
         self.out_tokens = torch.zeros(capacity, dtype=torch.int64, device=tdev)
@@ -322,6 +347,7 @@ class ModelRunner:
         """Empty the mailbox (this forward has published nothing yet) and ask the audit probe,
         if one is installed, whether it acts in this forward: the probe that does, or ``None``."""
         self.mailbox.put(None)
+        self.forward = self.device.begin_forward(self.step_index, self.name, step.forward_mode.name)
         probe = self.probe
         return probe if probe is not None and probe.begin(self, step, decision) else None
 
@@ -329,7 +355,7 @@ class ModelRunner:
         """The forward has reached its decided record ``point``: record a fresh read-done
         event on the forward stream, here, and let ``probe`` act right after it (in stream
         order: the sanitizer's poison lands exactly there)."""
-        self.mailbox.put(self.forward_stream.record_event())
+        self.mailbox.put(self.ring.record(self.forward_stream), self.forward)
         if probe is not None:
             probe.at_record_point(self, mode, point)
 

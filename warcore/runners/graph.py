@@ -138,7 +138,9 @@ class GraphRunner:
             r.publish(point, mode, probe)
         graph.replay()
         if point is RecordPoint.IN_GRAPH_NODE:
-            r.mailbox.put(self.read_done_event)  # the replay's node re-armed it
+            # The replay's node re-armed it: a wait issued before the next replay binds to this
+            # forward's record (the binding audit checks every wait that it did).
+            r.mailbox.put(self.read_done_event, r.forward)
         elif point is RecordPoint.POST_REPLAY:
             r.publish(point, mode, probe)
         return r.emit(step, fb, point)
