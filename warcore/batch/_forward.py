@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from warcore.core import ForwardMode
+
+if TYPE_CHECKING:
+    from warcore.batch._staging import StagedInputs
 
 __all__ = ["ForwardBatch", "RowState", "StaticBatch", "StepInput"]
 
@@ -102,6 +106,10 @@ class ForwardBatch:
     EAGLE drafter's target hidden states); unused otherwise."""
     host: StepInput | None = None
     """The step on the host, for out-graph inits that plan from host data (flashinfer)."""
+    staged: StagedInputs | None = None
+    """The persistent host buffers this forward's inputs were staged in (given to the
+    out-graph init with ``host``). A backend whose kernels read them after ``load_batch``
+    declares until when in ``AttentionBackend.host_reads``: the slot is rewritten after that."""
 
 
 class StaticBatch:

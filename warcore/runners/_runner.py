@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from warcore.batch import ForwardBatch, KVPool, Model, RowState, StepInput
-from warcore.core import ForwardMode, RecordPoint, runner_kind_for
+from warcore.batch import ForwardBatch, HostStaging, KVPool, Model, RowState, StagedInputs, StepInput
+from warcore.core import ForwardMode, RecordPoint, host_release_point, runner_kind_for
 from warcore.device import Device, Event, Stream
 
 if TYPE_CHECKING:
@@ -150,7 +150,10 @@ class ModelRunner:
         name: str = "target",
         draft: bool = False,
         modelled_layer_s: float = 0.0,
+        staging: HostStaging | None = None,
     ) -> None:
+        """``staging``: the ring this runner stages its forwards' host inputs in (default: two
+        slots, guarded, enough for one step of one forward in flight)."""
         self.device = device
         self.forward_stream = forward_stream
         self.model = model
@@ -182,6 +185,11 @@ class ModelRunner:
         """An audit tool's hooks at the forward's phases (sanitizer, read tracer); set it
         through :meth:`RunnerGroup.set_probe`, which also captures the probe graphs."""
         self._act = _Activations()
+        self.staging = staging or HostStaging(max_bs, capacity, 2, pin=device.name == "cuda")
+        self.staged: StagedInputs | None = None
+        """The slot of the forward being launched (set by ``load_batch``)."""
+        self._host_release = RecordPoint.NONE
+        self._host_releases: dict[tuple[ForwardMode, RecordPoint], RecordPoint] = {}
 
     def outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of ``fb``'s sampled tokens, last hidden states and sample indices."""
@@ -203,10 +211,8 @@ class ModelRunner:
     # -- the four phases ------------------------------------------------------------------
     def load_batch(self, step: StepInput, fb: ForwardBatch, in_capture: bool = False) -> None:
         """Copy ``step`` into ``fb``, derive positions and slots, then the out-graph init."""
-        pin = self.device.name == "cuda"
-        rows_host = _host([step.rows], pin)[0]
-        q_lens_host = _host([step.q_lens], pin)[0]
-        prompt_host = None if step.prompt_ids is None else _host(step.prompt_ids, pin)
+        slot = self.staged = self.staging.stage(step)  # host work: waits for the slot's release
+        rows_host, q_lens_host, prompt_host = slot.views()
         state, req_to_token, j = self.rows, self.pool.req_to_token, self._query_pos[: fb.max_q]
         offset = step.offset
 
@@ -231,7 +237,7 @@ class ModelRunner:
         backend = self.backend
         # Bind this step's host data now: on the sim device the launch runs later, when the
         # static batch may already describe the next step.
-        planned = replace(fb, host=step)
+        planned = replace(fb, host=step, staged=slot)
         self._launch(
             lambda: backend.init_forward_metadata_out_graph(planned, in_capture), "out_graph_init"
         )
@@ -289,6 +295,9 @@ class ModelRunner:
 
         self.device.launch(copy_out, "emit")
         done = self.forward_stream.record_event()
+        slot = self.staged
+        if slot is not None and slot.release is None:
+            slot.release = done  # the host buffers' reads ended no later than the forward
         self.published[(step.forward_mode, point)] += 1
         if self.on_forward is not None:
             self.on_forward(self.name, step.forward_mode, point)
@@ -322,6 +331,12 @@ class ModelRunner:
         """Empty the mailbox (this forward has published nothing yet) and ask the audit probe,
         if one is installed, whether it acts in this forward: the probe that does, or ``None``."""
         self.mailbox.put(None)
+        key = (step.forward_mode, decision.record_point)
+        release = self._host_releases.get(key)
+        if release is None:
+            until = self.backend.host_reads.get(step.forward_mode)
+            release = self._host_releases[key] = host_release_point(key[1], until)
+        self._host_release = release
         probe = self.probe
         return probe if probe is not None and probe.begin(self, step, decision) else None
 
@@ -329,11 +344,10 @@ class ModelRunner:
         """The forward has reached its decided record ``point``: record a fresh read-done
         event on the forward stream, here, and let ``probe`` act right after it (in stream
         order: the sanitizer's poison lands exactly there)."""
-        self.mailbox.put(self.forward_stream.record_event())
+        event = self.forward_stream.record_event()
+        self.mailbox.put(event)
+        if point is self._host_release and self.staged is not None:
+            self.staged.release = event  # it covers the staged host buffers' reads too
         if probe is not None:
             probe.at_record_point(self, mode, point)
 
-
-def _host(data: list[list[int]], pin: bool) -> torch.Tensor:
-    tensor = torch.tensor(data, dtype=torch.int64)
-    return tensor.pin_memory() if pin else tensor
