@@ -9,12 +9,23 @@ from typing import Literal
 from warcore.engine.model import ModelConfig
 from warcore.engine.scheduler import SchedulerConfig
 
-__all__ = ["FENCES", "LOOPS", "MAX_MODELLED_S", "EngineConfig", "Fence", "Loop"]
+__all__ = [
+    "FENCES",
+    "LOOPS",
+    "MAX_MODELLED_S",
+    "STAGINGS",
+    "EngineConfig",
+    "Fence",
+    "Loop",
+    "Staging",
+]
 
 Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
+Staging = Literal["ring", "fresh"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
 LOOPS: tuple[Loop, ...] = ("overlap", "serial")
+STAGINGS: tuple[Staging, ...] = ("ring", "fresh")
 
 
 MAX_MODELLED_S = 1.0
@@ -43,6 +54,15 @@ class EngineConfig:
     """Extra device time per model layer that uses no CPU (sim only): makes the tiny CPU
     forward behave like a GPU's, whose kernels do not compete with the host for the CPU and
     the GIL. Benchmarks state the value they use; 0 for tests."""
+    staging: Staging = "ring"
+    """How each forward's host inputs reach the device: through a ring of persistent (pinned,
+    on CUDA) host buffers, as real engines do, or ``"fresh"`` host tensors every forward."""
+    staging_depth: int = 0
+    """Ring slots per runner; 0 derives it from the steps in flight
+    (:func:`~warcore.batch.staging_depth`)."""
+    staging_guard: bool = True
+    """Guard each slot with its forward's release event (vLLM V1's shape); ``False`` relies on
+    the depth alone (vLLM V2's), which is sound only when it is at least the derived depth."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
     """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
     what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
@@ -53,6 +73,11 @@ class EngineConfig:
             raise ValueError(f"unknown fence {self.fence!r}; valid: {', '.join(FENCES)}")
         if self.loop not in LOOPS:
             raise ValueError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
+        if self.staging not in STAGINGS:
+            raise ValueError(f"unknown staging {self.staging!r}; valid: {', '.join(STAGINGS)}")
+        depth = self.staging_depth
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+            raise ValueError(f"staging_depth must be an int >= 0 (0: derived), got {depth!r}")
         if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
             raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:

@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from warcore.attention import AttentionBackend
-from warcore.batch import KVPool, RowState
+from warcore.batch import HostStaging, KVPool, RowState, staging_depth
 from warcore.core import (
     NUM_DRAFT,
     AlgorithmSpec,
     BoundaryContext,
     ForwardMode,
+    Phase,
     RecordPoint,
     StepSpec,
     WarcorePluginManager,
@@ -213,6 +214,7 @@ class Engine:
                 f"AttentionBackend named {cfg.backend!r}"
             )
         runner = ModelRunner(
+            staging=self._staging(name),
             device=self.device,
             forward_stream=self.forward_stream,
             model=model,
@@ -229,6 +231,29 @@ class Engine:
         )
         return RunnerGroup(
             runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node
+        )
+
+    def _staging(self, runner: str) -> HostStaging:
+        """The host staging ring of ``runner``: deep enough for the forwards this runner
+        launches in a step, with one step in flight (the overlap loop's)."""
+        cfg, step = self.config, self.step
+
+        def forwards(phases: tuple[Phase, ...]) -> int:
+            return sum(
+                self.num_draft if p.repeat == NUM_DRAFT else int(p.repeat)
+                for p in phases
+                if p.runner == runner
+            )
+
+        required = staging_depth(max(1, forwards(step.decode), forwards(step.prefill)))
+        return HostStaging(
+            cfg.scheduler.max_running,
+            self.capacity,
+            cfg.staging_depth or required,
+            pin=self.device.name == "cuda",
+            guarded=cfg.staging_guard,
+            required=required,
+            fresh=cfg.staging == "fresh",
         )
 
     @property
@@ -339,6 +364,7 @@ class Engine:
         )
         for runner in self.runners:
             runner.published.clear()
+            runner.staging.stalls = 0
         self.barriers.clear()
         stats = _Collected(sum(r.max_new_tokens for r in servable), progress)
         start = time.perf_counter()
@@ -415,6 +441,7 @@ class Engine:
             accepted_drafts=stats.accepted,
             stopped=stopped,
             drafter_problems=drafter_problems,
+            staging_stalls=sum(r.staging.stalls for r in self.runners),
         )
 
     def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:

@@ -266,7 +266,9 @@ class ModelRunner:
             hidden.copy_(act.h)
             out.copy_(model.sample(act.h))
             if prompt:
-                sample.copy_((fb.q_lens - 1).clamp(min=0))
+                # Clamped: a corrupted q_len (a raced staging buffer) gives wrong tokens, not
+                # an index past the batch.
+                sample.copy_((fb.q_lens - 1).clamp(min=0, max=fb.max_q - 1))
                 return
             # Greedy verification: the leading drafts that equal the target's own next token.
             drafts_ok = (fb.input_ids[:, 1:] == out[:, :-1]) & (
