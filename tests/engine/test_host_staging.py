@@ -250,3 +250,19 @@ def test_host_sanitizer_passes_the_reference_engine() -> None:
     report = sanitize_host_buffers(config, SMALL_TRACE)
     assert report.sound, report.format()
     assert report.poisoned > 0, report.format()
+
+
+# -- the read tracer ------------------------------------------------------------------------
+def test_read_tracer_lists_host_buffer_reads_apart_from_the_device_tables() -> None:
+    from warcore.audit.tracer import trace_reads
+
+    native = trace_reads("torch_native", requests=2, model=TINY_MODEL)
+    decode = native.mode(ForwardMode.DECODE)
+    assert decode.host_reads > 0 and decode.host_last is not None
+    assert decode.host_last.label == "load_batch"  # the engine's own copies
+    assert decode.last is not None and not decode.last.host
+    assert decode.implied is IN  # host reads do not move the device tables' boundary
+    gather = trace_reads("host_gather", requests=2, model=TINY_MODEL, pm=_host_gather_pm(HostGatherBackend))
+    last = gather.mode(ForwardMode.DECODE).host_last
+    assert last is not None and last.label == "layer0", last
+    assert "HostGatherBackend.forward" in gather.mode(ForwardMode.DECODE).host_summary()

@@ -244,7 +244,7 @@ def _explain(trace: ReadTrace) -> str:
         lines.append(
             f"  {m.runner:<6} {m.mode.name:<16} {m.summary()}; {m.reads_allow()}, declared "
             f"{m.declared.name} ({m.declared_by}), records at {points}"
-            f"{'; ' + after if after else ''}"
+            f"{'; ' + after if after else ''}; {m.host_summary()}"
         )
     return "\n".join(lines)
 
