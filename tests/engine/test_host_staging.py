@@ -12,7 +12,8 @@ import pytest
 import torch
 from _support.audit import TINY_MODEL
 
-from warcore import ForwardMode, SharedReadBoundary
+from warcore import BackendSpec, ForwardMode, SharedReadBoundary, hookimpl
+from warcore.audit.matrix import build_matrix
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.audit.host_buffers import BEFORE_COPY, sanitize_host_buffers
 from warcore.batch import ForwardBatch, HostStaging, StagedInputs, StepInput, staging_depth
@@ -266,3 +267,52 @@ def test_read_tracer_lists_host_buffer_reads_apart_from_the_device_tables() -> N
     last = gather.mode(ForwardMode.DECODE).host_last
     assert last is not None and last.label == "layer0", last
     assert "HostGatherBackend.forward" in gather.mode(ForwardMode.DECODE).host_summary()
+
+
+# -- for integrators: declared by a plugin, shown in the matrix ------------------------------
+class SpecDeclaredHostGather:
+    """A plugin declaring the host read on the spec (for a backend it does not own)."""
+
+    @hookimpl
+    def warcore_attention_backends(self) -> list[BackendSpec]:
+        return [BackendSpec("host_gather", HostGatherBackend, host_reads={"DECODE": "POST_REPLAY"})]
+
+    @hookimpl
+    def warcore_shared_read_boundary(
+        self, backend: Any, forward_mode: ForwardMode, context: Any
+    ) -> SharedReadBoundary | None:
+        return PRE if getattr(backend, "name", backend) == "host_gather" else None
+
+
+def _matrix_host(pm: Any) -> dict[str, tuple[str | None, str | None]]:
+    rows = build_matrix(pm, backends=["host_gather"], algorithms=["none"])
+    return {r.mode.name: (r.as_dict()["host_reads"], r.as_dict()["host_release"]) for r in rows}
+
+
+def test_matrix_shows_where_each_host_slot_is_released() -> None:
+    undeclared = _matrix_host(_host_gather_pm(HostGatherBackend))
+    assert undeclared["DECODE"] == (None, "pre_replay")  # the early fence the sanitizer finds
+    assert undeclared["MIXED"] == (None, None)  # no runner
+    by_class = _matrix_host(_host_gather_pm(DeclaredHostGather))
+    assert by_class["DECODE"] == ("POST_REPLAY", "none")  # released by the done event
+    by_spec = _matrix_host(make_plugin_manager(SpecDeclaredHostGather(), builtins="algorithms"))
+    assert by_spec["DECODE"] == ("POST_REPLAY", "none")
+    assert by_spec["EXTEND"] == (None, "pre_replay")
+
+
+def test_a_host_read_declared_on_the_spec_protects_the_slot() -> None:
+    pm = make_plugin_manager(SpecDeclaredHostGather(), builtins="algorithms")
+    config = EngineConfig(backend="host_gather", model=TINY_MODEL, use_graphs=True)
+    report = sanitize_host_buffers(config, SMALL_TRACE, pm=pm)
+    # DECODE is declared on the spec; EXTEND is not, and the sanitizer still finds it.
+    assert report.violation is not None and report.violation.mode is ForwardMode.EXTEND
+    with Engine(config, pm=pm) as engine:
+        assert engine.runner.host_reads == {ForwardMode.DECODE: POST}
+
+
+def test_backend_spec_host_reads_are_validated() -> None:
+    spec = BackendSpec("x", HostGatherBackend, host_reads={"decode": "in_replay"})
+    assert spec.host_read_until(ForwardMode.DECODE) is IN
+    assert spec.host_read_until(ForwardMode.EXTEND) is None
+    with pytest.raises(ValueError, match="'bad'.*host_reads"):
+        BackendSpec("bad", HostGatherBackend, host_reads={"DECODE": "LATER"})

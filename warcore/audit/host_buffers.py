@@ -126,7 +126,7 @@ class _HostProbe(ForwardProbe):
 
     def begin(self, runner: ModelRunner, step: StepInput, decision: Decision) -> bool:
         mode = step.forward_mode
-        until = runner.backend.host_reads.get(mode)
+        until = runner.host_reads.get(mode)
         self._release = host_release_point(decision.record_point, until)
         sound = runner.staging.sound
         released = "at done" if self._release is RecordPoint.NONE else self._release.value

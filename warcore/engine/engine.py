@@ -31,11 +31,13 @@ from warcore.core import (
     ForwardMode,
     Phase,
     RecordPoint,
+    SharedReadBoundary,
     StepSpec,
     WarcorePluginManager,
     get_decision_cache,
     get_plugin_manager,
     get_registry,
+    latest,
 )
 from warcore.device import Device, DeviceError, get_device
 from warcore.engine.config import EngineConfig
@@ -104,6 +106,7 @@ class Engine:
         registry = get_registry(self.pm)
         algorithm = registry.algorithm(cfg.algorithm)  # unknown names list the valid ones
         backend_spec = registry.backend(cfg.backend)
+        self.backend_spec = backend_spec
         # Only declared flags, each of its kind: a misspelt flag would read as its default.
         self.flags = registry.check_flags(cfg.flags)
         self.family = algorithm.family
@@ -215,6 +218,7 @@ class Engine:
             )
         runner = ModelRunner(
             staging=self._staging(name),
+            host_reads=self._host_reads(backend),
             device=self.device,
             forward_stream=self.forward_stream,
             model=model,
@@ -232,6 +236,14 @@ class Engine:
         return RunnerGroup(
             runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node
         )
+
+    def _host_reads(self, backend: AttentionBackend) -> dict[ForwardMode, SharedReadBoundary]:
+        """Until when the backend's kernels read staged host buffers, per mode: the latest of
+        what its class and its spec declare."""
+        reads = dict(backend.host_reads)
+        for mode, until in self.backend_spec.host_reads:
+            reads[mode] = latest(reads.get(mode, until), until)
+        return reads
 
     def _staging(self, runner: str) -> HostStaging:
         """The host staging ring of ``runner``: deep enough for the forwards this runner

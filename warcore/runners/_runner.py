@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from warcore.batch import ForwardBatch, HostStaging, KVPool, Model, RowState, StagedInputs, StepInput
-from warcore.core import ForwardMode, RecordPoint, host_release_point, runner_kind_for
+from warcore.core import (
+    ForwardMode,
+    RecordPoint,
+    SharedReadBoundary,
+    host_release_point,
+    runner_kind_for,
+)
 from warcore.device import Device, Event, Stream
 
 if TYPE_CHECKING:
@@ -151,9 +157,12 @@ class ModelRunner:
         draft: bool = False,
         modelled_layer_s: float = 0.0,
         staging: HostStaging | None = None,
+        host_reads: Mapping[ForwardMode, SharedReadBoundary] | None = None,
     ) -> None:
         """``staging``: the ring this runner stages its forwards' host inputs in (default: two
-        slots, guarded, enough for one step of one forward in flight)."""
+        slots, guarded, enough for one step of one forward in flight). ``host_reads``: until
+        when the backend's kernels read those host buffers, per mode (default: the backend
+        class's ``host_reads``; the engine adds its spec's)."""
         self.device = device
         self.forward_stream = forward_stream
         self.model = model
@@ -188,6 +197,7 @@ class ModelRunner:
         self.staging = staging or HostStaging(max_bs, capacity, 2, pin=device.name == "cuda")
         self.staged: StagedInputs | None = None
         """The slot of the forward being launched (set by ``load_batch``)."""
+        self.host_reads = dict(backend.host_reads if host_reads is None else host_reads)
         self._host_release = RecordPoint.NONE
         self._host_releases: dict[tuple[ForwardMode, RecordPoint], RecordPoint] = {}
 
@@ -336,7 +346,7 @@ class ModelRunner:
         key = (step.forward_mode, decision.record_point)
         release = self._host_releases.get(key)
         if release is None:
-            until = self.backend.host_reads.get(step.forward_mode)
+            until = self.host_reads.get(step.forward_mode)
             release = self._host_releases[key] = host_release_point(key[1], until)
         self._host_release = release
         probe = self.probe
