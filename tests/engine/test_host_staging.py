@@ -13,9 +13,9 @@ import torch
 from _support.audit import TINY_MODEL
 
 from warcore import BackendSpec, ForwardMode, SharedReadBoundary, hookimpl
-from warcore.audit.matrix import build_matrix
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.audit.host_buffers import BEFORE_COPY, sanitize_host_buffers
+from warcore.audit.matrix import build_matrix
 from warcore.batch import ForwardBatch, HostStaging, StagedInputs, StepInput, staging_depth
 from warcore.core import RecordPoint, host_release_point
 from warcore.device import Device, get_device
@@ -180,7 +180,9 @@ class HostGatherBackend(TorchNativeBackend):
         self.snapshot_swa = torch.zeros_like(pool.full_to_swa_index_mapping)
         self.staged: StagedInputs | None = None
 
-    def init_forward_metadata_out_graph(self, batch: ForwardBatch, in_capture: bool = False) -> None:
+    def init_forward_metadata_out_graph(
+        self, batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
         self.snapshot.copy_(self.pool.req_to_token)
         self.snapshot_swa.copy_(self.pool.full_to_swa_index_mapping)
         self.staged = batch.staged
@@ -263,7 +265,9 @@ def test_read_tracer_lists_host_buffer_reads_apart_from_the_device_tables() -> N
     assert decode.host_last.label == "load_batch"  # the engine's own copies
     assert decode.last is not None and not decode.last.host
     assert decode.implied is IN  # host reads do not move the device tables' boundary
-    gather = trace_reads("host_gather", requests=2, model=TINY_MODEL, pm=_host_gather_pm(HostGatherBackend))
+    gather = trace_reads(
+        "host_gather", requests=2, model=TINY_MODEL, pm=_host_gather_pm(HostGatherBackend)
+    )
     last = gather.mode(ForwardMode.DECODE).host_last
     assert last is not None and last.label == "layer0", last
     assert "HostGatherBackend.forward" in gather.mode(ForwardMode.DECODE).host_summary()

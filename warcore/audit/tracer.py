@@ -210,7 +210,9 @@ class ModeReads:
         if last is None:
             return "no host-buffer read"
         where = f" ({last.where})" if last.where else ""
-        return f"last host-buffer read: {last.phase}{where}, {last.buffer.removeprefix(HOST_PREFIX)}"
+        return (
+            f"last host-buffer read: {last.phase}{where}, {last.buffer.removeprefix(HOST_PREFIX)}"
+        )
 
 
 @dataclass

@@ -100,7 +100,9 @@ class HostStaging:
         self.required = depth if required is None else required
         """The depth a depth-only ring needs (:func:`staging_depth` of the engine's step)."""
         self.fresh = fresh
-        self.slots = [] if fresh else [StagedInputs.empty(i, max_bs, capacity, pin) for i in range(depth)]
+        self.slots = (
+            [] if fresh else [StagedInputs.empty(i, max_bs, capacity, pin) for i in range(depth)]
+        )
         self._next = 0
         self.staged = 0
         self.stalls = 0

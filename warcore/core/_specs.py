@@ -137,9 +137,10 @@ class BackendSpec:
 
         BackendSpec("my_backend", _make, "paged attention", follows_contract=CONTRACT_MODES)
     """
-    host_reads: Mapping[ForwardMode | str, SharedReadBoundary | str] | tuple[
-        tuple[ForwardMode, SharedReadBoundary], ...
-    ] = ()
+    host_reads: (
+        Mapping[ForwardMode | str, SharedReadBoundary | str]
+        | tuple[tuple[ForwardMode, SharedReadBoundary], ...]
+    ) = ()
     """Per mode, until when this backend's kernels read the forward's staged host buffers
     (beyond the engine's own copies in ``load_batch``): a kernel that reads pinned host memory
     when it executes (TensorRT-LLM's ``cp.async`` gather of host block offsets) keeps the

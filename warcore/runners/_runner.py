@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from warcore.batch import ForwardBatch, HostStaging, KVPool, Model, RowState, StagedInputs, StepInput
+from warcore.batch import (
+    ForwardBatch,
+    HostStaging,
+    KVPool,
+    Model,
+    RowState,
+    StagedInputs,
+    StepInput,
+)
 from warcore.core import (
     ForwardMode,
     RecordPoint,
@@ -362,4 +370,3 @@ class ModelRunner:
             self.staged.release = event  # it covers the staged host buffers' reads too
         if probe is not None:
             probe.at_record_point(self, mode, point)
-
