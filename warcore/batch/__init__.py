@@ -12,10 +12,10 @@
 Sits between ``warcore.device`` and ``warcore.attention``: imports only ``warcore.core``.
 """
 
-from warcore.batch._forward import ForwardBatch, RowState, StaticBatch, StepInput
+from warcore.batch._forward import ForwardBatch, RowState, StagedInputs, StaticBatch, StepInput
 from warcore.batch._kv_pool import KVPool
 from warcore.batch._model import LayerAttention, Model, ModelShape
-from warcore.batch._staging import HostStaging, StagedInputs, staging_depth
+from warcore.batch._staging import HostStaging, staging_depth
 
 __all__ = [
     "ForwardBatch",

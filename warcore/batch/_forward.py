@@ -18,9 +18,9 @@ import torch
 from warcore.core import ForwardMode
 
 if TYPE_CHECKING:
-    from warcore.batch._staging import StagedInputs
+    from warcore.device import Event
 
-__all__ = ["ForwardBatch", "RowState", "StaticBatch", "StepInput"]
+__all__ = ["ForwardBatch", "RowState", "StagedInputs", "StaticBatch", "StepInput"]
 
 Fill = Callable[["ForwardBatch"], None]
 
@@ -162,3 +162,34 @@ class RowState:
         self.token = torch.zeros(rows, dtype=torch.int64, device=device)
         self.feature = torch.zeros(rows, hidden, dtype=dtype, device=device)
         self.drafts = torch.zeros(rows, max(max_draft, 1), dtype=torch.int64, device=device)
+
+
+class StagedInputs:
+    """One ring slot: the host tensors one forward's ``load_batch`` copies to the device."""
+
+    def __init__(
+        self, index: int, rows: torch.Tensor, q_lens: torch.Tensor, prompt: torch.Tensor
+    ) -> None:
+        self.index = index
+        self.rows, self.q_lens, self.prompt = rows, q_lens, prompt
+        self.batch_size = 0
+        self.max_q = 0
+        self.has_prompt = False
+        self.release: Event | None = None
+        """The host may rewrite this slot once this event is reached (``None``: free)."""
+
+    @classmethod
+    def empty(cls, index: int, max_bs: int, capacity: int, pin: bool) -> StagedInputs:
+        def buf(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int64, pin_memory=pin)
+
+        return cls(index, buf(max_bs), buf(max_bs), buf(capacity))
+
+    def views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``rows [bs]``, ``q_lens [bs]``, ``prompt [bs, max_q]`` (``None`` without prompt)."""
+        bs, mq = self.batch_size, self.max_q
+        prompt = self.prompt[: bs * mq].view(bs, mq) if self.has_prompt else None
+        return self.rows[:bs], self.q_lens[:bs], prompt
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"rows": self.rows, "q_lens": self.q_lens, "prompt": self.prompt}

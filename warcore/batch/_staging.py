@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from warcore.batch._forward import StagedInputs
+
 if TYPE_CHECKING:
     from warcore.batch._forward import StepInput
-    from warcore.device import Event
 
 __all__ = ["HostStaging", "StagedInputs", "staging_depth"]
 
@@ -40,37 +41,6 @@ def staging_depth(forwards_per_step: int, steps_in_flight: int = 1) -> int:
             f"{forwards_per_step} and {steps_in_flight}"
         )
     return (steps_in_flight + 1) * forwards_per_step
-
-
-class StagedInputs:
-    """One ring slot: the host tensors one forward's ``load_batch`` copies to the device."""
-
-    def __init__(
-        self, index: int, rows: torch.Tensor, q_lens: torch.Tensor, prompt: torch.Tensor
-    ) -> None:
-        self.index = index
-        self.rows, self.q_lens, self.prompt = rows, q_lens, prompt
-        self.batch_size = 0
-        self.max_q = 0
-        self.has_prompt = False
-        self.release: Event | None = None
-        """The host may rewrite this slot once this event is reached (``None``: free)."""
-
-    @classmethod
-    def empty(cls, index: int, max_bs: int, capacity: int, pin: bool) -> StagedInputs:
-        def buf(n: int) -> torch.Tensor:
-            return torch.zeros(n, dtype=torch.int64, pin_memory=pin)
-
-        return cls(index, buf(max_bs), buf(max_bs), buf(capacity))
-
-    def views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``rows [bs]``, ``q_lens [bs]``, ``prompt [bs, max_q]`` (``None`` without prompt)."""
-        bs, mq = self.batch_size, self.max_q
-        prompt = self.prompt[: bs * mq].view(bs, mq) if self.has_prompt else None
-        return self.rows[:bs], self.q_lens[:bs], prompt
-
-    def buffers(self) -> dict[str, torch.Tensor]:
-        return {"rows": self.rows, "q_lens": self.q_lens, "prompt": self.prompt}
 
 
 class HostStaging:

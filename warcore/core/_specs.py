@@ -6,7 +6,7 @@ import re
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from ._boundary import SharedReadBoundary
 from ._modes import CONTRACT_MODES, ForwardMode
@@ -150,12 +150,13 @@ class BackendSpec:
         BackendSpec("my_backend", _make, host_reads={"DECODE": "POST_REPLAY"})
     """
 
+    def host_read_items(self) -> tuple[tuple[ForwardMode, SharedReadBoundary], ...]:
+        """The declared host reads, as validated ``(mode, boundary)`` pairs."""
+        return cast("tuple[tuple[ForwardMode, SharedReadBoundary], ...]", self.host_reads)
+
     def host_read_until(self, mode: ForwardMode) -> SharedReadBoundary | None:
         """The declared host read of ``mode`` (``None``: it reads no host buffer)."""
-        for m, boundary in self.host_reads:  # type: ignore[misc]
-            if m is mode:
-                return boundary  # type: ignore[no-any-return]
-        return None
+        return dict(self.host_read_items()).get(mode)
 
     def __post_init__(self) -> None:
         validate_name("backend", self.name)

@@ -241,7 +241,7 @@ class Engine:
         """Until when the backend's kernels read staged host buffers, per mode: the latest of
         what its class and its spec declare."""
         reads = dict(backend.host_reads)
-        for mode, until in self.backend_spec.host_reads:
+        for mode, until in self.backend_spec.host_read_items():
             reads[mode] = latest(reads.get(mode, until), until)
         return reads
 
