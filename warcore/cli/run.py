@@ -250,6 +250,8 @@ def format_report(report: RunReport) -> str:
         lines.append(f"    {mode.name:<16} {where:<20} {n}")
     barriers = ", ".join(f"{kind} {n}" for kind, n in sorted(report.barriers.items())) or "-"
     lines.append(f"  barriers        {barriers}")
+    staging = "fresh host tensors" if cfg.staging == "fresh" else "persistent ring"
+    lines.append(f"  host staging    {staging}, {report.staging_stalls} stalls")
     if report.verifies:
         lines.append(
             f"  acceptance      {report.mean_accepted:.2f} draft tokens accepted per verify "
