@@ -21,6 +21,7 @@ which the decode runner degrades to POST_REPLAY there, having no in-graph event)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "BASE",
@@ -30,6 +31,7 @@ __all__ = [
     "REGISTRY_CLASSES",
     "SUPPORTED",
     "WRAPPERS",
+    "WRAPPER_SHAPES",
     "WrapperShape",
     "algorithm_to_warcore",
     "child_name",
@@ -100,13 +102,25 @@ declaration, whatever its children): a leaf for warcore, as for sglang."""
 
 @dataclass(frozen=True)
 class WrapperShape:
-    """A wrapper class and the flags naming its children (by name, in the matrix)."""
+    """One of sglang's composite backends: its class, the flags naming its children (by name,
+    in the matrix) and where sglang's wrapper object holds them. The one place a wrapper's
+    layout is spelled: the oracle builds bare wrappers from it (:mod:`warcore_sglang._sglang`),
+    the activation reads a live wrapper's children through it (its identity), and the plugin
+    describes each wrapper from it."""
 
     name: str
     cls: str
     children: tuple[str, ...]
     """One entry per child, in the order sglang's wrapper holds them: the flag that names it,
     or ``=<warcore name>`` for a child that is always the same backend."""
+    holds: tuple[str, ...]
+    """The wrapper's attributes holding those children, in the same order: one attribute per
+    child, or ``*<attribute>`` for a list holding every child left."""
+    aliases: tuple[str, ...] = ()
+    """Attributes naming the children one by one besides the list that holds them (set on a
+    bare wrapper too: sglang's methods read either)."""
+    switches: tuple[tuple[str, str], ...] = ()
+    """(flag, attribute) of each boolean the wrapper reads besides its children."""
     selecting: bool = False
     """The wrapper runs one child per mode (``_select_backend``), not all of them."""
     description: str = ""
@@ -115,51 +129,78 @@ class WrapperShape:
     def flags(self) -> tuple[str, ...]:
         return tuple(c for c in self.children if not c.startswith("="))
 
+    def children_of(self, wrapper: Any) -> list[Any]:
+        """The children a live (or bare) wrapper object holds, in :attr:`children`' order."""
+        kids: list[Any] = []
+        for attr in self.holds:
+            if attr.startswith("*"):
+                kids.extend(getattr(wrapper, attr[1:]))
+            else:
+                kids.append(getattr(wrapper, attr))
+        return kids
 
-WRAPPERS: dict[str, WrapperShape] = {
-    w.name: w
-    for w in (
-        WrapperShape(
-            "sglang_hybrid",
-            "layers.attention.hybrid_attn_backend:HybridAttnBackend",
-            ("sglang_hybrid_prefill", "sglang_hybrid_decode"),
-            selecting=True,
-            description="sglang's HybridAttnBackend: a prefill and a decode backend "
-            "(--prefill/--decode-attention-backend); verify on the decode one when "
-            "sglang_spec_attn_is_decode",
-        ),
-        WrapperShape(
-            "sglang_tbo",
-            "layers.attention.tbo_backend:TboAttnBackend",
-            ("sglang_tbo_child", "sglang_tbo_child", "sglang_tbo_child"),
-            description="sglang's TboAttnBackend (two-batch overlap): the latest of its "
-            "primary and two children, all built alike",
-        ),
-        WrapperShape(
-            "sglang_hybrid_linear",
-            "layers.attention.hybrid_linear_attn_backend:HybridLinearAttnBackend",
-            ("sglang_hybrid_linear_full", "sglang_hybrid_linear_linear"),
-            description="sglang's HybridLinearAttnBackend: the latest of its full-attention "
-            "and linear-attention backends",
-        ),
-        WrapperShape(
-            "sglang_dots_swa_mla",
-            "layers.attention.dots_hybrid_backend:DotsSWAMLAAttnBackend",
-            ("sglang_dots_swa_mla_backend",),
-            description="sglang's DotsSWAMLAAttnBackend: UNKNOWN for plain extend, else its "
-            "backend's",
-        ),
-        WrapperShape(
-            "sglang_minimax_hybrid",
-            "layers.attention.minimax_sparse_backend:MiniMaxHybridAttnBackend",
-            ("=sglang_minimax_sparse", "sglang_minimax_dense"),
-            description="sglang's MiniMaxHybridAttnBackend: the latest of its sparse "
-            "(MiniMaxSparseAttnBackend) and dense backends",
-        ),
-    )
-}
-"""sglang's composite backends. How each holds its children (attributes) is the oracle's
-business (:mod:`warcore_sglang._sglang`); here only which flags name them."""
+    def attributes(self, kids: list[Any]) -> dict[str, Any]:
+        """The attributes that make a bare wrapper hold ``kids`` where sglang's class keeps
+        them (the inverse of :meth:`children_of`)."""
+        out: dict[str, Any] = {}
+        for i, attr in enumerate(self.holds):
+            if attr.startswith("*"):
+                out[attr[1:]] = kids[i:]
+                break
+            out[attr] = kids[i]
+        out.update(zip(self.aliases, kids, strict=False))
+        return out
+
+
+WRAPPER_SHAPES: tuple[WrapperShape, ...] = (
+    WrapperShape(
+        "sglang_hybrid",
+        "layers.attention.hybrid_attn_backend:HybridAttnBackend",
+        ("sglang_hybrid_prefill", "sglang_hybrid_decode"),
+        holds=("prefill_backend", "decode_backend"),
+        switches=(("sglang_spec_attn_is_decode", "spec_attn_is_decode"),),
+        selecting=True,
+        description="sglang's HybridAttnBackend: a prefill and a decode backend "
+        "(--prefill/--decode-attention-backend); verify on the decode one when "
+        "sglang_spec_attn_is_decode",
+    ),
+    WrapperShape(
+        "sglang_tbo",
+        "layers.attention.tbo_backend:TboAttnBackend",
+        ("sglang_tbo_child", "sglang_tbo_child", "sglang_tbo_child"),
+        holds=("primary", "*children"),
+        description="sglang's TboAttnBackend (two-batch overlap): the latest of its "
+        "primary and two children, all built alike",
+    ),
+    WrapperShape(
+        "sglang_hybrid_linear",
+        "layers.attention.hybrid_linear_attn_backend:HybridLinearAttnBackend",
+        ("sglang_hybrid_linear_full", "sglang_hybrid_linear_linear"),
+        holds=("*attn_backend_list",),
+        aliases=("full_attn_backend", "linear_attn_backend"),
+        description="sglang's HybridLinearAttnBackend: the latest of its full-attention "
+        "and linear-attention backends",
+    ),
+    WrapperShape(
+        "sglang_dots_swa_mla",
+        "layers.attention.dots_hybrid_backend:DotsSWAMLAAttnBackend",
+        ("sglang_dots_swa_mla_backend",),
+        holds=("backend",),
+        description="sglang's DotsSWAMLAAttnBackend: UNKNOWN for plain extend, else its backend's",
+    ),
+    WrapperShape(
+        "sglang_minimax_hybrid",
+        "layers.attention.minimax_sparse_backend:MiniMaxHybridAttnBackend",
+        ("=sglang_minimax_sparse", "sglang_minimax_dense"),
+        holds=("sparse", "dense"),
+        description="sglang's MiniMaxHybridAttnBackend: the latest of its sparse "
+        "(MiniMaxSparseAttnBackend) and dense backends",
+    ),
+)
+"""sglang 0.5.23's composite backends, the one table of their shapes."""
+
+WRAPPERS: dict[str, WrapperShape] = {w.name: w for w in WRAPPER_SHAPES}
+""":data:`WRAPPER_SHAPES` by warcore name."""
 
 FLAG_SPECS: tuple[tuple[str, type, bool | str, str], ...] = (
     ("sglang_hybrid_prefill", str, "flashinfer", "sglang_hybrid's prefill backend (sglang name)"),

@@ -297,32 +297,15 @@ def _children(name: str, context: BoundaryContext) -> list[str]:
     ]
 
 
-def _assemble(name: str, cls: type, kids: list[Any], context: BoundaryContext, runner: Any) -> Any:
-    """A bare wrapper holding ``kids`` where sglang's wrapper class keeps its children."""
-    if name == "sglang_hybrid":
-        is_decode = bool(flag_value(context.flags, "sglang_spec_attn_is_decode"))
-        return _bare(
-            cls,
-            prefill_backend=kids[0],
-            decode_backend=kids[1],
-            spec_attn_is_decode=is_decode,
-            model_runner=runner,
-        )
-    if name == "sglang_tbo":
-        return _bare(cls, primary=kids[0], children=kids[1:], model_runner=runner)
-    if name == "sglang_hybrid_linear":
-        return _bare(
-            cls,
-            attn_backend_list=kids,
-            full_attn_backend=kids[0],
-            linear_attn_backend=kids[1],
-            model_runner=runner,
-        )
-    if name == "sglang_dots_swa_mla":
-        return _bare(cls, backend=kids[0], model_runner=runner)
-    if name == "sglang_minimax_hybrid":
-        return _bare(cls, sparse=kids[0], dense=kids[1], model_runner=runner)
-    raise AssertionError(f"no assembly for wrapper {name!r}")
+def _bare_wrapper(
+    name: str, cls: type, kids: list[Any], context: BoundaryContext, **attrs: Any
+) -> Any:
+    """A bare wrapper holding ``kids`` where sglang's wrapper class keeps its children (the
+    wrapper table says where), with its switches set from ``context``'s flags."""
+    shape = WRAPPERS[name]
+    for flag, attr in shape.switches:
+        attrs[attr] = bool(flag_value(context.flags, flag))
+    return _bare(cls, **shape.attributes(kids), **attrs)
 
 
 def build(name: str, context: BoundaryContext, algo: Any, depth: int = 0) -> Any | None:
@@ -339,7 +322,7 @@ def build(name: str, context: BoundaryContext, algo: Any, depth: int = 0) -> Any
     kids = [build(child, context, algo, depth + 1) for child in _children(name, context)]
     if any(k is None for k in kids):
         return None
-    return _assemble(name, cls, kids, context, runner)
+    return _bare_wrapper(name, cls, kids, context, model_runner=runner)
 
 
 def declare(name: str, mode: ForwardMode, context: BoundaryContext) -> SharedReadBoundary | None:
@@ -367,10 +350,7 @@ def children_for(name: str, mode: ForwardMode, context: BoundaryContext) -> tupl
         cls, _ = class_for(name)
         if smode is None or cls is None:
             return ()
-        is_decode = bool(flag_value(context.flags, "sglang_spec_attn_is_decode"))
-        bare = _bare(
-            cls, prefill_backend=kids[0], decode_backend=kids[1], spec_attn_is_decode=is_decode
-        )
+        bare = _bare_wrapper(name, cls, kids, context)
         with in_tree():
             kids = [original(cls, "_select_backend")(bare, smode)]
     out: list[str] = []

@@ -68,17 +68,11 @@ def _best(call: Any, calls: int, repeat: int) -> float:
     return min(timeit.repeat(call, number=calls, repeat=repeat)) / calls * 1e9
 
 
-def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
-    """Run the benchmark; returns what ``--json`` writes."""
-    import sglang
-    import torch
+def _runners() -> tuple[Any, Any]:
+    """(sglang's decode runner, bare with a planted in-graph event; a runner whose
+    ``_resolve_shared_read_ends`` is an empty method: the floor of any Python answer)."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
-    import warcore
-    import warcore_sglang
-
-    if warcore_sglang.is_installed():
-        raise RuntimeError("uninstall warcore-sglang first: sglang's own code is measured first")
     runner: Any = object.__new__(DecodeCudaGraphRunner)
     runner.in_graph_metadata_prep_done = object()  # a planted in-graph event
     runner.model_runner = SimpleNamespace(shared_read_done_event=None)
@@ -87,47 +81,59 @@ def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
         def _resolve_shared_read_ends(self, attn_backend: Any, forward_mode: Any) -> Any:
             return forward_mode
 
-    floor_runner: Any = object.__new__(FloorRunner)
-    cases = _cases()
-    floors = [
-        _best(lambda b=b, m=m: floor_runner._resolve_shared_read_ends(b, m), calls, repeat)
-        for _, b, m in cases
-    ]
-    own: list[tuple[float, Any]] = []
+    return runner, object.__new__(FloorRunner)
+
+
+def _timed(runner: Any, cases: list[tuple[str, Any, Any]], calls: int, repeat: int) -> list[Any]:
+    """Per case: (best ns per call of ``runner._resolve_shared_read_ends``, its answer); the
+    first call (which resolves and fills the caches) is not timed."""
+    out: list[Any] = []
     for _, backend, mode in cases:
         answer = runner._resolve_shared_read_ends(backend, mode)
-        own.append(
-            (
-                _best(
-                    lambda b=backend, m=mode: runner._resolve_shared_read_ends(b, m), calls, repeat
-                ),
-                answer,
-            )
-        )
+        ns = _best(lambda b=backend, m=mode: runner._resolve_shared_read_ends(b, m), calls, repeat)
+        out.append((ns, answer))
+    return out
+
+
+def _row(label: str, own: tuple[float, Any], ours: tuple[float, Any], floor: float) -> Any:
+    (sglang_ns, sglang_answer), (warcore_ns, answer) = own, ours
+    return {
+        "case": label,
+        "sglang_ns": round(sglang_ns, 1),
+        "warcore_ns": round(warcore_ns, 1),
+        "ratio": round(warcore_ns / sglang_ns, 3),
+        "floor_ns": round(floor, 1),
+        "floor_ratio": round(floor / sglang_ns, 3),
+        "sglang_answer": sglang_answer.name,
+        "warcore_answer": answer.name,
+    }
+
+
+def _geomean(values: list[float]) -> float:
+    return round(math.exp(sum(math.log(v) for v in values) / len(values)), 3)
+
+
+def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
+    """Run the benchmark; returns what ``--json`` writes."""
+    import sglang
+    import torch
+
+    import warcore
+    import warcore_sglang
+
+    if warcore_sglang.is_installed():
+        raise RuntimeError("uninstall warcore-sglang first: sglang's own code is measured first")
+    runner, floor_runner = _runners()
+    cases = _cases()
+    floors = [ns for ns, _ in _timed(floor_runner, cases, calls, repeat)]
+    own = _timed(runner, cases, calls, repeat)
     warcore_sglang.install()
     try:
-        results = []
-        for (label, backend, mode), (sglang_ns, sglang_answer), floor_ns in zip(
-            cases, own, floors, strict=True
-        ):
-            answer = runner._resolve_shared_read_ends(backend, mode)  # resolves, fills the dict
-            warcore_ns = _best(
-                lambda b=backend, m=mode: runner._resolve_shared_read_ends(b, m), calls, repeat
-            )
-            results.append(
-                {
-                    "case": label,
-                    "sglang_ns": round(sglang_ns, 1),
-                    "warcore_ns": round(warcore_ns, 1),
-                    "ratio": round(warcore_ns / sglang_ns, 3),
-                    "floor_ns": round(floor_ns, 1),
-                    "floor_ratio": round(floor_ns / sglang_ns, 3),
-                    "sglang_answer": sglang_answer.name,
-                    "warcore_answer": answer.name,
-                }
-            )
+        ours = _timed(runner, cases, calls, repeat)
     finally:
         warcore_sglang.uninstall()
+    labels = [label for label, _, _ in cases]
+    results = [_row(*row) for row in zip(labels, own, ours, floors, strict=True)]
     ratios = [r["ratio"] for r in results]
     return {
         "benchmark": "sglang DecodeCudaGraphRunner._resolve_shared_read_ends: sglang 0.5.23's "
@@ -135,11 +141,9 @@ def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
         "calls": calls,
         "repeat": repeat,
         "cases": results,
-        "geomean_ratio": round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 3),
+        "geomean_ratio": _geomean(ratios),
         "max_ratio": max(ratios),
-        "geomean_floor_ratio": round(
-            math.exp(sum(math.log(r["floor_ratio"]) for r in results) / len(results)), 3
-        ),
+        "geomean_floor_ratio": _geomean([r["floor_ratio"] for r in results]),
         "warcore_not_slower": max(ratios) <= 1.0,
         "versions": {
             "sglang": sglang.__version__,

@@ -291,7 +291,7 @@ def compare(
 # -- the command ----------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m warcore_sglang.sanitize",
         description=(
@@ -312,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the report to FILE")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
     parser.add_argument("sglang_args", nargs=argparse.REMAINDER, help="-- then sglang's arguments")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Serve the two waves, plain then tagged, under the trace and the sanitizer: (the trace's
+    records, each request's tokens)."""
     from . import serving
 
     extra = [a for a in args.sglang_args if a != "--"]
@@ -341,26 +346,27 @@ def main(argv: list[str] | None = None) -> int:
             workdir=tmp,
         )
         records = trace.read_trace(trace_path)
-    tokens = result["tokens"]
+    return records, result["tokens"]
+
+
+def _report_json(report: Report) -> str:
+    groups = [
+        {**g.__dict__, "requests": sorted(g.requests), "changed": sorted(g.changed)}
+        for g in report.groups
+    ]
+    doc = {"ok": report.ok, "groups": groups, "unexplained": report.unexplained}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    records, tokens = _run(args)
     plain = {rid: ids for rid, ids in tokens.items() if not rid.startswith(TAG)}
     poisoned = {rid: ids for rid, ids in tokens.items() if rid.startswith(TAG)}
     report = compare(records, plain, poisoned)
     print("\n".join(report.lines()))
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "ok": report.ok,
-                    "groups": [
-                        {**g.__dict__, "requests": sorted(g.requests), "changed": sorted(g.changed)}
-                        for g in report.groups
-                    ],
-                    "unexplained": report.unexplained,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        Path(args.json).write_text(_report_json(report))
     return 0 if report.ok else 1
 
 

@@ -1,0 +1,108 @@
+"""The activation's one process-wide state, and the generation every cached answer carries.
+
+Patched declaration points run on sglang's hot paths (the decode runner asks on every
+``execute``), so they cache their answers: per instance, and in two process-wide dicts. A cache
+entry is only good for the generation it was computed in; :func:`invalidate` bumps the
+generation whenever warcore's plugins or switches change (the manager's change listener), so
+no answer outlives the configuration it was resolved under. Other modules read ``current`` and
+``gen`` as attributes of this module (never ``from ... import``: they are rebound).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from warcore.core import WarcorePluginManager, get_plugin_manager
+
+from .._post_import import PostImportFinder
+
+MISSING = object()
+"""A patched attribute's original when the owner inherited it (restored by deleting it)."""
+SRE = "_warcore_sglang_sre"
+"""A backend's cached ``shared_read_ends`` answers."""
+PREFILL = "_warcore_sglang_prefill"
+"""A backend's cached prefill decision."""
+LAST = "_warcore_sglang_last"
+"""A decode runner's last answer."""
+
+
+@dataclass
+class Patch:
+    owner: Any
+    attr: str
+    original: Any  # vars(owner)[attr], or MISSING when the attribute was inherited
+
+
+@dataclass
+class State:
+    pm: WarcorePluginManager
+    patches: list[Patch] = field(default_factory=list)
+    finder: PostImportFinder | None = None
+    plugin_names: frozenset[str] = frozenset()
+
+
+lock = threading.RLock()
+current: State | None = None
+"""The installed activation; ``None`` when not installed (every patch passes through)."""
+gen = 0
+"""Bumped when warcore's plugins or switches change: every cached answer of an older
+generation is recomputed on next use."""
+DECODE: dict[Any, list[dict[Any, Any]]] = {}
+"""attn backend -> [answers without an in-graph event, with one], each mode -> ends."""
+PUBLISH: dict[Any, bool] = {}
+"""sglang algorithm -> warcore's publish phase for EXTEND."""
+CACHED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Backends and decode runners holding a per-instance cache: uninstalling takes it off them
+again."""
+
+
+def invalidate() -> None:
+    global gen
+    with lock:
+        gen += 1
+        DECODE.clear()
+        PUBLISH.clear()
+
+
+def on_change() -> None:
+    if current is not None:
+        invalidate()
+
+
+def pm() -> WarcorePluginManager:
+    """The process-wide manager; a reset one is followed (listener moved, caches dropped)."""
+    manager = get_plugin_manager()
+    state = current
+    if state is not None and state.pm is not manager:
+        with lock:
+            if state.pm is not manager:
+                with contextlib.suppress(ValueError, AttributeError):
+                    state.pm.remove_change_listener(on_change)
+                state.pm = manager
+                state.plugin_names = sglang_plugin_names(manager)
+                manager.add_change_listener(on_change)
+                invalidate()
+    return manager
+
+
+def sglang_plugin_names(manager: WarcorePluginManager) -> frozenset[str]:
+    """The names warcore-sglang's own plugin is registered under (its answers are sglang's)."""
+    module = sys.modules.get("warcore_sglang.plugin")
+    return frozenset(name for name, plugin in manager.list_name_plugin() if plugin is module)
+
+
+def log_once(key: object, level: int, message: str) -> None:
+    get_plugin_manager().log_once(("warcore-sglang", key), level, message)
+
+
+def log_failure(key: tuple[object, ...], what: str, exc: Exception, fallback: str) -> None:
+    """Once per (key, error): ``what`` failed inside a patched point, and what it answered
+    instead (never less safe than sglang's own answer)."""
+    message = f"warcore-sglang: {what} failed ({type(exc).__name__}: {exc}); {fallback}"
+    log_once((*key, repr(exc)), logging.ERROR, message)
