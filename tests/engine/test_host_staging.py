@@ -320,3 +320,12 @@ def test_backend_spec_host_reads_are_validated() -> None:
     assert spec.host_read_until(ForwardMode.EXTEND) is None
     with pytest.raises(ValueError, match="'bad'.*host_reads"):
         BackendSpec("bad", HostGatherBackend, host_reads={"DECODE": "LATER"})
+
+
+def test_staging_options_are_validated_naming_the_value() -> None:
+    with pytest.raises(ValueError, match="unknown staging 'pinned'.*ring, fresh"):
+        EngineConfig(staging="pinned")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="staging_depth.*-1"):
+        EngineConfig(staging_depth=-1)
+    with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
+        HostStaging(4, 8, depth=0)
