@@ -328,3 +328,21 @@ def test_staging_options_are_validated_naming_the_value() -> None:
         EngineConfig(staging_depth=-1)
     with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
         HostStaging(4, 8, depth=0)
+
+
+def test_cli_sanitize_host_buffers_finds_what_the_device_table_check_cannot(
+    clean_env: None, register_for_test: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from warcore import cli
+
+    register_for_test(
+        DeclaredBackend(HostGatherBackend, {ForwardMode.EXTEND: PRE, ForwardMode.DECODE: PRE})
+    )
+    code = cli.main(["sanitize", "--backend", "host_gather", "--requests", "3", "--host-buffers"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    lines = out.splitlines()
+    # The device tables are read before the replay, as declared: that check is sound ...
+    assert any(line.split()[:2] == ["host_gather", "none"] and "sound" in line for line in lines)
+    # ... the host rows the layers read are not.
+    assert "VIOLATION (host buffer) target" in out and "VIOLATIONS FOUND" in out

@@ -57,6 +57,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flag", action="append", default=[], metavar="NAME[=VALUE]", help="engine flag"
     )
+    parser.add_argument(
+        "--host-buffers",
+        action="store_true",
+        help="also poison each forward's staged host buffers at their release point (sim)",
+    )
     parser.add_argument("--no-graphs", action="store_true", help="run decode-like modes eagerly")
     parser.add_argument(
         "--no-plant-node", action="store_true", help="capture graphs without the in-graph node"
@@ -99,10 +104,12 @@ def _sanitize_all(
     combos = combinations(pm, args.backend, args.algorithm, args.device)
     reports = [_sanitize(args, flags, pm, combo) for combo in combos]
     _print_reports(reports)
-    problems = [r for r in reports if not r.sound]
+    problems: list[object] = [r for r in reports if not r.sound]
     for report in problems:
         print()
         print(report.format())
+    if args.host_buffers:
+        problems += _host_buffers(args, flags, pm, combos)
     if args.explain:
         found = {(r.backend, r.algorithm): r.violation for r in reports}
         for combo in combos:
@@ -187,6 +194,38 @@ def _sanitize(
         plant_node=not args.no_plant_node,
         sglang_fallback=args.sglang_fallback,
     )
+
+
+def _host_buffers(
+    args: argparse.Namespace,
+    flags: dict[str, FlagValue],
+    pm: WarcorePluginManager,
+    combos: list[Combination],
+) -> list[object]:
+    """``--host-buffers``: the host-buffer sanitizer over every combination that ran; its
+    violations."""
+    from warcore.audit.host_buffers import sanitize_host_buffers
+    from warcore.audit.sanitizer import engine_config, trace_for
+
+    if args.device != "sim":
+        raise ValueError("--host-buffers runs on the sim device only (--device sim)")
+    found: list[object] = []
+    print()
+    for combo in combos:
+        if combo.skipped is not None:
+            continue
+        config = engine_config(
+            combo.backend,
+            combo.algorithm,
+            flags=flags,
+            use_graphs=not args.no_graphs,
+            plant_node=not args.no_plant_node,
+        )
+        report = sanitize_host_buffers(config, trace_for(args.requests, args.seed), pm=pm)
+        print(f"{combo.backend} / {combo.algorithm}: {report.format()}")
+        if not report.sound:
+            found.append(report)
+    return found
 
 
 def _n(count: int, noun: str) -> str:
