@@ -104,12 +104,11 @@ def _sanitize_all(
     combos = combinations(pm, args.backend, args.algorithm, args.device)
     reports = [_sanitize(args, flags, pm, combo) for combo in combos]
     _print_reports(reports)
-    problems: list[object] = [r for r in reports if not r.sound]
+    problems = [r for r in reports if not r.sound]
     for report in problems:
         print()
         print(report.format())
-    if args.host_buffers:
-        problems += _host_buffers(args, flags, pm, combos)
+    host_problems = _host_buffers(args, flags, pm, combos) if args.host_buffers else []
     if args.explain:
         found = {(r.backend, r.algorithm): r.violation for r in reports}
         for combo in combos:
@@ -122,7 +121,8 @@ def _sanitize_all(
                     print(violation_note(trace, violation))
     ran = sum(r.skipped is None for r in reports)
     unaudited = _unaudited(args, pm, reports)
-    verdict = "VIOLATIONS FOUND" if problems else "NOT AUDITED" if unaudited else "all sound"
+    violated = bool(problems or host_problems)
+    verdict = "VIOLATIONS FOUND" if violated else "NOT AUDITED" if unaudited else "all sound"
     line = f"{verdict}: {_n(ran, 'combination')} sanitized, {len(reports) - ran} skipped"
     why = Counter(r.skipped for r in reports if r.skipped is not None)
     if why:
@@ -130,7 +130,7 @@ def _sanitize_all(
     if unaudited:
         line += "; " + "; ".join(unaudited)
     print(f"\n{line}")
-    return 1 if problems or unaudited else 0
+    return 1 if violated or unaudited else 0
 
 
 def _unaudited(
