@@ -54,7 +54,17 @@ def test_overlap_writes_every_variant(
     assert model["modelled_layer_s"] == 0 and model["schedule_work_fraction"] == 0.3
     assert model["forward_s"] > 0
     variants = result["variants"]
-    assert set(variants) == {"serial", "coarse", "fine", "unsafe", "fine/torch_native", "fine A/A"}
+    assert set(variants) == {
+        "serial",
+        "coarse",
+        "fine",
+        "unsafe",
+        "fine/torch_native",
+        "fine/fresh staging",
+        "fine A/A",
+    }
+    assert variants["fine"]["staging"] == "ring"
+    assert variants["fine/fresh staging"]["staging"] == "fresh"
     for name, v in variants.items():
         _check_stats(v["tokens_per_s"])
         _check_stats(v["tokens_per_s_ratio_to_fine"])
@@ -72,6 +82,7 @@ def test_overlap_writes_every_variant(
     assert set(result["checks"]) == {
         "fine_over_unsafe_tokens_per_s",
         "fine_over_coarse_tokens_per_s",
+        "fine_over_fine_fresh_staging_tokens_per_s",
         "fine_over_fine_again_tokens_per_s",
     }
 

@@ -22,6 +22,7 @@ holds). ``examples/acme_backend`` is a complete backend with its own compute.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from warcore.core import SharedReadBoundary
@@ -61,6 +62,13 @@ class AttentionBackend(ABC):
     """
 
     name: ClassVar[str]
+
+    host_reads: ClassVar[Mapping[ForwardMode, SharedReadBoundary]] = {}
+    """Until when this backend's kernels read the forward's staged host buffers
+    (``batch.staged``, beyond ``load_batch``'s own copies), per mode: a kernel that reads a
+    pinned host buffer when it executes (TensorRT-LLM's ``cp.async`` gather) says so here, and
+    the runner keeps the slot until then. A mode not listed reads no host buffer; ``UNKNOWN``
+    keeps the slot until the forward is done."""
 
     def __init__(self, pool: KVPool) -> None:
         """``pool``: the runner's :class:`~warcore.batch.KVPool` (kept as

@@ -11,6 +11,7 @@ from warcore.core import (
     CONTRACT_MODES,
     ENV_PLUGINS,
     AlgorithmSpec,
+    BackendSpec,
     BoundaryContext,
     BoundaryResolution,
     DecisionCache,
@@ -22,11 +23,14 @@ from warcore.core import (
     PublishResolution,
     RecordPoint,
     RunnerKind,
+    SharedReadBoundary,
     StepFacts,
     VetoResolution,
     WarcorePluginManager,
     get_decision_cache,
     get_registry,
+    host_release_point,
+    latest,
     resolve_fast_path_veto,
     resolve_shared_read_boundary,
     resolve_war_publish_phase,
@@ -85,6 +89,15 @@ class MatrixRow:
     veto: VetoResolution | None = None
     per_batch: bool = False
     owner: OwnerResolution | None = None
+    host_reads: SharedReadBoundary | None = None
+    """Until when the backend's kernels read the staged host buffers (its spec's
+    ``host_reads``; ``None``: only the engine's own copies in ``load_batch`` read them)."""
+
+    @property
+    def host_release(self) -> RecordPoint:
+        """Where the forward's host staging slot is released: its read-done record point
+        when that covers the host reads, else (``NONE``) the forward's done event."""
+        return host_release_point(self.record_point, self.host_reads)
 
     def as_dict(self) -> dict[str, Any]:
         vetoes = [] if self.veto is None else self.veto.vetoes
@@ -108,6 +121,8 @@ class MatrixRow:
             "per_batch": self.per_batch,
             "event_owner": None if self.owner is None else self.owner.owner,
             "event_owner_source": None if self.owner is None else self.owner.source,
+            "host_reads": None if self.host_reads is None else self.host_reads.name,
+            "host_release": self.host_release.value if self.runner is not None else None,
         }
 
 
@@ -141,6 +156,18 @@ def build_matrix(
     ]
 
 
+def _host_reads(spec: BackendSpec, mode: ForwardMode) -> SharedReadBoundary | None:
+    """What the engine merges for a runner (``Engine._host_reads``): the spec's declaration
+    and, where the factory is the backend class itself, the class's ``host_reads``."""
+    reads = [b for b in (spec.host_read_until(mode),) if b is not None]
+    factory = spec.factory
+    if isinstance(factory, type):
+        declared = getattr(factory, "host_reads", {})
+        if isinstance(declared, Mapping) and isinstance(declared.get(mode), SharedReadBoundary):
+            reads.append(declared[mode])
+    return latest(reads) if reads else None
+
+
 def _same_engine(engine: str, algorithm: AlgorithmSpec) -> bool:
     return algorithm.name in ENGINE_NEUTRAL_ALGORITHMS or algorithm.engine == engine
 
@@ -155,6 +182,7 @@ def _row(
 ) -> MatrixRow:
     runner = RUNNER_OF_MODE.get(mode)
     owner = cache.event_owner(context.algorithm, facts)
+    host_reads = _host_reads(get_registry(pm).backend(backend), mode)
     if runner is None:
         # Still resolve the answers: the declaration is worth showing, and `check` must see a
         # plugin that fails or conflicts in these modes too.
@@ -163,7 +191,7 @@ def _row(
         veto = resolve_fast_path_veto(mode, context, pm=pm)
         return MatrixRow(
             backend, mode, context.algorithm, None, declared, publish, RecordPoint.NONE,
-            NO_RUNNER, veto=veto, owner=owner,
+            NO_RUNNER, veto=veto, owner=owner, host_reads=host_reads,
         )  # fmt: skip
     # The same cache the runners use, so the matrix shows exactly what they would do.
     decision = cache[(runner, backend, mode, context, Execution.GRAPH_PLANTED)]
@@ -183,6 +211,7 @@ def _row(
         decision.veto,
         decision.refines_per_batch,
         owner,
+        host_reads,
     )
 
 

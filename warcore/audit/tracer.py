@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TRACE_REQUESTS",
+    "HOST_PREFIX",
     "ForwardTrace",
     "ModeReads",
     "ReadTrace",
@@ -66,6 +67,9 @@ __all__ = [
     "violation_note",
     "watch_shared_reads",
 ]
+
+HOST_PREFIX = "host:"
+"""Names of staged host buffers among the traced buffers."""
 
 DEFAULT_TRACE_REQUESTS = 6
 """The tracer costs ~20 µs per op: a handful of requests shows every mode."""
@@ -111,6 +115,12 @@ class SharedRead:
     """In work the step ran after this forward had ended (the drafter's ``propose``)."""
 
     @property
+    def host(self) -> bool:
+        """A read of a staged host buffer (``host:<runner>.staging[i].<name>``), not of a
+        device table: it bounds the slot's release, not the read-done event."""
+        return self.buffer.startswith(HOST_PREFIX)
+
+    @property
     def phase(self) -> str:
         name = phase_name(self.label)
         if self.label.startswith("layer") and self.where:
@@ -137,7 +147,7 @@ class ForwardTrace:
 
     @property
     def last_read(self) -> SharedRead | None:
-        return _latest(self.reads)
+        return _latest([r for r in self.reads if not r.host])
 
 
 @dataclass
@@ -153,7 +163,11 @@ class ModeReads:
     reads: int
     reads_after_point: int
     last: SharedRead | None
-    """The latest read in stream order over all these forwards."""
+    """The latest read of a device table in stream order over all these forwards."""
+    host_reads: int = 0
+    """Reads of the forwards' staged host buffers (not counted in ``reads``)."""
+    host_last: SharedRead | None = None
+    """The latest of those: where the host slot may be released at the earliest."""
 
     @property
     def last_phase(self) -> str:
@@ -189,6 +203,17 @@ class ModeReads:
         kind = ", declared" if self.last.declared else ""
         return f"last shared read: {self.last.phase}{where}, {self.last.buffer}{kind}"
 
+    def host_summary(self) -> str:
+        """Where the staged host buffers were read last (``load_batch``'s copies, for a
+        backend that reads no host buffer itself)."""
+        last = self.host_last
+        if last is None:
+            return "no host-buffer read"
+        where = f" ({last.where})" if last.where else ""
+        return (
+            f"last host-buffer read: {last.phase}{where}, {last.buffer.removeprefix(HOST_PREFIX)}"
+        )
+
 
 @dataclass
 class ReadTrace:
@@ -216,7 +241,9 @@ class ReadTrace:
 
 
 def _mode_reads(runner: str, mode: ForwardMode, forwards: list[ForwardTrace]) -> ModeReads:
-    reads = [r for f in forwards for r in f.reads]
+    every = [r for f in forwards for r in f.reads]
+    reads = [r for r in every if not r.host]
+    host = [r for r in every if r.host]
     last = _latest(reads)
     declared = forwards[0].decision.declared
     return ModeReads(
@@ -229,6 +256,8 @@ def _mode_reads(runner: str, mode: ForwardMode, forwards: list[ForwardTrace]) ->
         reads=len(reads),
         reads_after_point=sum(r.after_record_point for r in reads),
         last=last,
+        host_reads=len(host),
+        host_last=_latest(host),
     )
 
 
@@ -463,7 +492,11 @@ def trace_reads(
     )
     trace = trace_for(requests, seed)
     with Engine(config, device=device, pm=pm) as engine:
-        tracer = ReadTracer(engine.pool.shared_buffers())
+        buffers = dict(engine.pool.shared_buffers())
+        for runner in engine.runners:
+            for name, tensor in runner.staging.buffers().items():
+                buffers[f"{HOST_PREFIX}{runner.name}.{name}"] = tensor
+        tracer = ReadTracer(buffers)
         draft: RunnerGroup | None = getattr(engine.worker, "draft", None)
         for group in [engine.target] + ([draft] if draft is not None else []):
             group.set_probe(tracer)

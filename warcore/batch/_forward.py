@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from warcore.core import ForwardMode
 
-__all__ = ["ForwardBatch", "RowState", "StaticBatch", "StepInput"]
+if TYPE_CHECKING:
+    from warcore.device import Event
+
+__all__ = ["ForwardBatch", "RowState", "StagedInputs", "StaticBatch", "StepInput"]
 
 Fill = Callable[["ForwardBatch"], None]
 
@@ -102,6 +106,10 @@ class ForwardBatch:
     EAGLE drafter's target hidden states); unused otherwise."""
     host: StepInput | None = None
     """The step on the host, for out-graph inits that plan from host data (flashinfer)."""
+    staged: StagedInputs | None = None
+    """The persistent host buffers this forward's inputs were staged in (given to the
+    out-graph init with ``host``). A backend whose kernels read them after ``load_batch``
+    declares until when in ``AttentionBackend.host_reads``: the slot is rewritten after that."""
 
 
 class StaticBatch:
@@ -154,3 +162,34 @@ class RowState:
         self.token = torch.zeros(rows, dtype=torch.int64, device=device)
         self.feature = torch.zeros(rows, hidden, dtype=dtype, device=device)
         self.drafts = torch.zeros(rows, max(max_draft, 1), dtype=torch.int64, device=device)
+
+
+class StagedInputs:
+    """One ring slot: the host tensors one forward's ``load_batch`` copies to the device."""
+
+    def __init__(
+        self, index: int, rows: torch.Tensor, q_lens: torch.Tensor, prompt: torch.Tensor
+    ) -> None:
+        self.index = index
+        self.rows, self.q_lens, self.prompt = rows, q_lens, prompt
+        self.batch_size = 0
+        self.max_q = 0
+        self.has_prompt = False
+        self.release: Event | None = None
+        """The host may rewrite this slot once this event is reached (``None``: free)."""
+
+    @classmethod
+    def empty(cls, index: int, max_bs: int, capacity: int, pin: bool) -> StagedInputs:
+        def buf(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int64, pin_memory=pin)
+
+        return cls(index, buf(max_bs), buf(max_bs), buf(capacity))
+
+    def views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``rows [bs]``, ``q_lens [bs]``, ``prompt [bs, max_q]`` (``None`` without prompt)."""
+        bs, mq = self.batch_size, self.max_q
+        prompt = self.prompt[: bs * mq].view(bs, mq) if self.has_prompt else None
+        return self.rows[:bs], self.q_lens[:bs], prompt
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"rows": self.rows, "q_lens": self.q_lens, "prompt": self.prompt}

@@ -54,6 +54,8 @@ class Variant:
     loop: str
     backend: str | None = None
     """``None``: the benchmark's backend."""
+    staging: str = "ring"
+    """How forwards stage their host inputs (``EngineConfig.staging``)."""
 
 
 SERIAL = Variant("serial", "coarse", "serial")
@@ -66,7 +68,9 @@ FINE_TORCH_NATIVE = Variant("fine/torch_native", "fine", "overlap", "torch_nativ
 # The fine fence a second time in every round: its ratio to the first is the noise floor of
 # every other ratio (an A/A control), which on a shared 2-vCPU machine is not small.
 FINE_AGAIN = Variant("fine A/A", "fine", "overlap")
-OVERLAP_VARIANTS = (SERIAL, COARSE, FINE, UNSAFE, FINE_TORCH_NATIVE, FINE_AGAIN)
+# The fine fence with fresh host tensors every forward instead of the persistent staging ring.
+FINE_FRESH = Variant("fine/fresh staging", "fine", "overlap", staging="fresh")
+OVERLAP_VARIANTS = (SERIAL, COARSE, FINE, UNSAFE, FINE_TORCH_NATIVE, FINE_FRESH, FINE_AGAIN)
 SWEEP_FENCES = (COARSE, FINE, UNSAFE)
 
 DEFAULT_BACKEND = "trtllm_mha"
@@ -139,6 +143,7 @@ def run_variant(
         fence=variant.fence,  # type: ignore[arg-type]
         loop=variant.loop,  # type: ignore[arg-type]
         backend=variant.backend or base.backend,
+        staging=variant.staging,  # type: ignore[arg-type]
     )
     recorder = TraceRecorder()
     # Engine construction finishes graph capture; closing drops its decision-cache entries.
@@ -308,6 +313,7 @@ def measure_overlap(settings: Settings) -> dict[str, Any]:
             for key, other in (
                 ("unsafe", UNSAFE.name),
                 ("coarse", COARSE.name),
+                ("fine_fresh_staging", FINE_FRESH.name),
                 ("fine_again", FINE_AGAIN.name),
             )
         },
@@ -324,6 +330,7 @@ def _overlap_variant(
         "fence": v.fence,
         "loop": v.loop,
         "backend": v.backend or base.backend,
+        "staging": v.staging,
         "tokens_per_s": _stat(samples, "tokens_per_s"),
         "tokens_per_s_ratio_to_fine": _ratios(rounds, v.name, FINE.name, "tokens_per_s"),
         "idle_ms_per_gap": _stat(samples, "idle_ms"),
@@ -385,6 +392,7 @@ def overlap_table(result: dict[str, Any]) -> str:
         for label, r in (
             ("fine / unsafe", c["fine_over_unsafe_tokens_per_s"]),
             ("fine / coarse", c["fine_over_coarse_tokens_per_s"]),
+            ("fine (ring) / fine (fresh staging)", c["fine_over_fine_fresh_staging_tokens_per_s"]),
             ("fine / fine A/A (noise)", c["fine_over_fine_again_tokens_per_s"]),
         )
         if r is not None

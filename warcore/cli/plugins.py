@@ -18,7 +18,7 @@ from warcore.cli._common import (
     print_json,
     print_table,
 )
-from warcore.core import ForwardMode, PluginInfo, StepFacts, WarcorePluginManager
+from warcore.core import ForwardMode, PluginInfo, RecordPoint, StepFacts, WarcorePluginManager
 
 __all__ = ["CHECK", "MATRIX", "PLUGINS"]
 
@@ -198,6 +198,12 @@ def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
     runner = row.runner.value if row.runner is not None else "-"
     point = row.record_point.value + (" (per batch)" if row.per_batch else "")
     owner = "-" if row.owner is None else f"{row.owner.owner or 'none'} ({row.owner.source})"
+    host = "-"
+    if row.runner is not None:
+        release = row.host_release
+        host = "done" if release is RecordPoint.NONE else release.value
+        if row.host_reads is not None:
+            host += f" (reads {row.host_reads.name})"
     return (
         row.backend,
         row.mode.name,
@@ -209,6 +215,7 @@ def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
         row.source,
         row.eager_point.value if row.runner is not None else "-",
         owner,
+        host,
     )
 
 
@@ -243,7 +250,7 @@ def _run_matrix(args: argparse.Namespace) -> int:
         )
         return 0
     headers = ("BACKEND", "MODE", "ALGORITHM", "BOUNDARY", "DECLARED BY", "RUNNER")
-    tail = ("RECORD POINT", "BECAUSE", "EAGER", "EVENT OWNER")
+    tail = ("RECORD POINT", "BECAUSE", "EAGER", "EVENT OWNER", "HOST SLOT")
     print_table((*headers, *tail), [_matrix_cells(r) for r in rows])
     return 0
 

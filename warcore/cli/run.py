@@ -263,6 +263,8 @@ def format_report(report: RunReport) -> str:
 
     lines.append(f"  bindings        {binding_summary(report.bindings)}")
     lines += [f"    {f.describe()}" for f in audit_bindings(report.bindings)]
+    staging = "fresh host tensors" if cfg.staging == "fresh" else "persistent ring"
+    lines.append(f"  host staging    {staging}, {report.staging_stalls} stalls")
     if report.verifies:
         lines.append(
             f"  acceptance      {report.mean_accepted:.2f} draft tokens accepted per verify "

@@ -57,6 +57,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flag", action="append", default=[], metavar="NAME[=VALUE]", help="engine flag"
     )
+    parser.add_argument(
+        "--host-buffers",
+        action="store_true",
+        help="also poison each forward's staged host buffers at their release point (sim)",
+    )
     parser.add_argument("--no-graphs", action="store_true", help="run decode-like modes eagerly")
     parser.add_argument(
         "--no-plant-node", action="store_true", help="capture graphs without the in-graph node"
@@ -115,6 +120,7 @@ def _sanitize_all(
     for report in [r for r in reports if not r.sound or r.binding_warnings]:
         print()
         print(report.format())
+    host_problems = _host_buffers(args, flags, pm, combos) if args.host_buffers else []
     if args.explain:
         found = {(r.backend, r.algorithm): r.violation for r in reports}
         for combo in combos:
@@ -133,7 +139,8 @@ def _sanitize_all(
                 print(_explain_bindings(report))
     ran = sum(r.skipped is None for r in reports)
     unaudited = _unaudited(args, pm, reports)
-    verdict = "VIOLATIONS FOUND" if problems else "NOT AUDITED" if unaudited else "all sound"
+    violated = bool(problems or host_problems)
+    verdict = "VIOLATIONS FOUND" if violated else "NOT AUDITED" if unaudited else "all sound"
     line = f"{verdict}: {_n(ran, 'combination')} sanitized, {len(reports) - ran} skipped"
     why = Counter(r.skipped for r in reports if r.skipped is not None)
     if why:
@@ -141,7 +148,7 @@ def _sanitize_all(
     if unaudited:
         line += "; " + "; ".join(unaudited)
     print(f"\n{line}")
-    return 1 if problems or unaudited else 0
+    return 1 if violated or unaudited else 0
 
 
 def _unaudited(
@@ -209,6 +216,38 @@ def _sanitize(
     )
 
 
+def _host_buffers(
+    args: argparse.Namespace,
+    flags: dict[str, FlagValue],
+    pm: WarcorePluginManager,
+    combos: list[Combination],
+) -> list[object]:
+    """``--host-buffers``: the host-buffer sanitizer over every combination that ran; its
+    violations."""
+    from warcore.audit.host_buffers import sanitize_host_buffers
+    from warcore.audit.sanitizer import engine_config, trace_for
+
+    if args.device != "sim":
+        raise ValueError("--host-buffers runs on the sim device only (--device sim)")
+    found: list[object] = []
+    print()
+    for combo in combos:
+        if combo.skipped is not None:
+            continue
+        config = engine_config(
+            combo.backend,
+            combo.algorithm,
+            flags=flags,
+            use_graphs=not args.no_graphs,
+            plant_node=not args.no_plant_node,
+        )
+        report = sanitize_host_buffers(config, trace_for(args.requests, args.seed), pm=pm)
+        print(f"{combo.backend} / {combo.algorithm}: {report.format()}")
+        if not report.sound:
+            found.append(report)
+    return found
+
+
 def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
@@ -264,7 +303,7 @@ def _explain(trace: ReadTrace) -> str:
         lines.append(
             f"  {m.runner:<6} {m.mode.name:<16} {m.summary()}; {m.reads_allow()}, declared "
             f"{m.declared.name} ({m.declared_by}), records at {points}"
-            f"{'; ' + after if after else ''}"
+            f"{'; ' + after if after else ''}; {m.host_summary()}"
         )
     return "\n".join(lines)
 

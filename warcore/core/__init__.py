@@ -9,7 +9,7 @@ module. :mod:`warcore` re-exports the part a plugin author needs.
 from ._boundary import Declared, Execution, RecordPoint, SharedReadBoundary, latest
 from ._cache import Decision, DecisionCache, DecisionKey, decide, get_decision_cache
 from ._config import ENV_DISABLE_PLUGINS, ENV_PLUGINS, LoaderConfig
-from ._decisions import RunnerKind, record_point, runner_kind_for
+from ._decisions import RunnerKind, host_release_point, record_point, runner_kind_for
 from ._diagnostics import PluginInfo, PluginValidationError
 from ._hookspecs import hookimpl, hookspec
 from ._manager import (
@@ -95,6 +95,7 @@ __all__ = [
     "VetoResolution",
     "decide",
     "get_decision_cache",
+    "host_release_point",
     "record_point",
     "resolve_fast_path_veto",
     "resolve_shared_read_boundary",

@@ -16,7 +16,7 @@ import enum
 from ._boundary import Execution, RecordPoint, SharedReadBoundary
 from ._modes import ForwardMode
 
-__all__ = ["RunnerKind", "record_point", "runner_kind_for"]
+__all__ = ["RunnerKind", "host_release_point", "record_point", "runner_kind_for"]
 
 
 class RunnerKind(enum.Enum):
@@ -93,3 +93,28 @@ def _honour(declared: SharedReadBoundary, execution: Execution) -> RecordPoint:
     if execution is Execution.GRAPH_PLANTED:
         return RecordPoint.IN_GRAPH_NODE
     return RecordPoint.POST_REPLAY
+
+
+_EAGER_POINTS = frozenset(
+    {RecordPoint.PRE_REPLAY, RecordPoint.AFTER_IN_GRAPH_INIT, RecordPoint.POST_REPLAY}
+)
+"""Record points the host launches between a forward's phases (not inside a replay)."""
+
+
+def host_release_point(
+    point: RecordPoint, host_reads_until: SharedReadBoundary | None
+) -> RecordPoint:
+    """Where the host may rewrite the staged host buffers of a forward recorded at ``point``.
+
+    Every forward reads its staged inputs in ``load_batch`` (``PRE_REPLAY``); a backend whose
+    kernels read host buffers later says until when (``host_reads_until``). The forward's
+    read-done event releases them when it is not earlier than that and the host launches it
+    between phases; otherwise (``NONE``) they are released by the forward's done event. The
+    in-graph node is not used: its persistent external event is re-armed by every replay.
+    """
+    needed = SharedReadBoundary.PRE_REPLAY
+    if host_reads_until is not None and host_reads_until > needed:
+        needed = host_reads_until
+    if point in _EAGER_POINTS and point.boundary >= needed and needed < SharedReadBoundary.UNKNOWN:
+        return point
+    return RecordPoint.NONE

@@ -6,8 +6,9 @@ import re
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
+from ._boundary import SharedReadBoundary
 from ._modes import CONTRACT_MODES, ForwardMode
 from ._steps import StepSpec
 
@@ -136,6 +137,26 @@ class BackendSpec:
 
         BackendSpec("my_backend", _make, "paged attention", follows_contract=CONTRACT_MODES)
     """
+    host_reads: (
+        Mapping[ForwardMode | str, SharedReadBoundary | str]
+        | tuple[tuple[ForwardMode, SharedReadBoundary], ...]
+    ) = ()
+    """Per mode, until when this backend's kernels read the forward's staged host buffers
+    (beyond the engine's own copies in ``load_batch``): a kernel that reads pinned host memory
+    when it executes (TensorRT-LLM's ``cp.async`` gather of host block offsets) keeps the
+    host slot until then. Stored as sorted ``(mode, boundary)`` pairs; :meth:`host_read_until`
+    answers per mode. ``warcore matrix`` shows where each cell's host slot is released::
+
+        BackendSpec("my_backend", _make, host_reads={"DECODE": "POST_REPLAY"})
+    """
+
+    def host_read_items(self) -> tuple[tuple[ForwardMode, SharedReadBoundary], ...]:
+        """The declared host reads, as validated ``(mode, boundary)`` pairs."""
+        return cast("tuple[tuple[ForwardMode, SharedReadBoundary], ...]", self.host_reads)
+
+    def host_read_until(self, mode: ForwardMode) -> SharedReadBoundary | None:
+        """The declared host read of ``mode`` (``None``: it reads no host buffer)."""
+        return dict(self.host_read_items()).get(mode)
 
     def __post_init__(self) -> None:
         validate_name("backend", self.name)
@@ -147,6 +168,19 @@ class BackendSpec:
         if self.children_for is not None and not callable(self.children_for):
             raise TypeError(f"BackendSpec {self.name!r}: children_for must be callable")
         object.__setattr__(self, "follows_contract", self._contract_modes())
+        object.__setattr__(self, "host_reads", self._host_reads())
+
+    def _host_reads(self) -> tuple[tuple[ForwardMode, SharedReadBoundary], ...]:
+        given = self.host_reads
+        items = given.items() if isinstance(given, Mapping) else given
+        try:
+            pairs = {ForwardMode.parse(m): SharedReadBoundary.parse(b) for m, b in items}
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"BackendSpec {self.name!r}: host_reads must map forward modes to shared-read "
+                f"boundaries, got {given!r} ({exc})"
+            ) from None
+        return tuple(sorted(pairs.items(), key=lambda kv: kv[0].name))
 
     def _contract_modes(self) -> frozenset[ForwardMode]:
         given = self.follows_contract

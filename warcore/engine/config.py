@@ -14,18 +14,22 @@ __all__ = [
     "FENCES",
     "LOOPS",
     "MAX_MODELLED_S",
+    "STAGINGS",
     "CopyWait",
     "EngineConfig",
     "Fence",
     "Loop",
+    "Staging",
 ]
 
 Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
 CopyWait = Literal["none", "at-barrier", "after-next-launch"]
+Staging = Literal["ring", "fresh"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
 LOOPS: tuple[Loop, ...] = ("overlap", "serial")
 COPY_WAITS: tuple[CopyWait, ...] = ("none", "at-barrier", "after-next-launch")
+STAGINGS: tuple[Staging, ...] = ("ring", "fresh")
 
 
 MAX_MODELLED_S = 1.0
@@ -63,6 +67,15 @@ class EngineConfig:
     event_ring_depth: int | None = None
     """Events per publishing runner's ring (``None``: the depth its records in flight need,
     derived from the step and the consumers); a shallower one is refused at start-up."""
+    staging: Staging = "ring"
+    """How each forward's host inputs reach the device: through a ring of persistent (pinned,
+    on CUDA) host buffers, as real engines do, or ``"fresh"`` host tensors every forward."""
+    staging_depth: int = 0
+    """Ring slots per runner; 0 derives it from the steps in flight
+    (:func:`~warcore.batch.staging_depth`)."""
+    staging_guard: bool = True
+    """Guard each slot with its forward's release event (vLLM V1's shape); ``False`` relies on
+    the depth alone (vLLM V2's), which is sound only when it is at least the derived depth."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
     """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
     what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
@@ -81,6 +94,11 @@ class EngineConfig:
             not isinstance(self.event_ring_depth, int) or self.event_ring_depth < 1
         ):
             raise ValueError(f"event_ring_depth must be an int >= 1, got {self.event_ring_depth!r}")
+        if self.staging not in STAGINGS:
+            raise ValueError(f"unknown staging {self.staging!r}; valid: {', '.join(STAGINGS)}")
+        depth = self.staging_depth
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+            raise ValueError(f"staging_depth must be an int >= 0 (0: derived), got {depth!r}")
         if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
             raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:

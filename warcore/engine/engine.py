@@ -23,18 +23,21 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from warcore.attention import AttentionBackend
-from warcore.batch import KVPool, RowState
+from warcore.batch import HostStaging, KVPool, RowState, staging_depth
 from warcore.core import (
     NUM_DRAFT,
     AlgorithmSpec,
     BoundaryContext,
     ForwardMode,
+    Phase,
     RecordPoint,
+    SharedReadBoundary,
     StepSpec,
     WarcorePluginManager,
     get_decision_cache,
     get_plugin_manager,
     get_registry,
+    latest,
 )
 from warcore.device import (
     Device,
@@ -112,6 +115,7 @@ class Engine:
         registry = get_registry(self.pm)
         algorithm = registry.algorithm(cfg.algorithm)  # unknown names list the valid ones
         backend_spec = registry.backend(cfg.backend)
+        self.backend_spec = backend_spec
         # Only declared flags, each of its kind: a misspelt flag would read as its default.
         self.flags = registry.check_flags(cfg.flags)
         self.family = algorithm.family
@@ -242,6 +246,8 @@ class Engine:
                 f"AttentionBackend named {cfg.backend!r}"
             )
         runner = ModelRunner(
+            staging=self._staging(name),
+            host_reads=self._host_reads(backend),
             device=self.device,
             forward_stream=self.forward_stream,
             model=model,
@@ -258,6 +264,37 @@ class Engine:
         )
         return RunnerGroup(
             runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node
+        )
+
+    def _host_reads(self, backend: AttentionBackend) -> dict[ForwardMode, SharedReadBoundary]:
+        """Until when the backend's kernels read staged host buffers, per mode: the latest of
+        what its class and its spec declare."""
+        reads = dict(backend.host_reads)
+        for mode, until in self.backend_spec.host_read_items():
+            reads[mode] = latest(reads.get(mode, until), until)
+        return reads
+
+    def _staging(self, runner: str) -> HostStaging:
+        """The host staging ring of ``runner``: deep enough for the forwards this runner
+        launches in a step, with one step in flight (the overlap loop's)."""
+        cfg, step = self.config, self.step
+
+        def forwards(phases: tuple[Phase, ...]) -> int:
+            return sum(
+                self.num_draft if p.repeat == NUM_DRAFT else int(p.repeat)
+                for p in phases
+                if p.runner == runner
+            )
+
+        required = staging_depth(max(1, forwards(step.decode), forwards(step.prefill)))
+        return HostStaging(
+            cfg.scheduler.max_running,
+            self.capacity,
+            cfg.staging_depth or required,
+            pin=self.device.name == "cuda",
+            guarded=cfg.staging_guard,
+            required=required,
+            fresh=cfg.staging == "fresh",
         )
 
     @property
@@ -400,6 +437,7 @@ class Engine:
         )
         for runner in self.runners:
             runner.published.clear()
+            runner.staging.stalls = 0
         self.barriers.clear()
         self.bindings.clear()
         self._observer = obs
@@ -481,6 +519,7 @@ class Engine:
             stopped=stopped,
             drafter_problems=drafter_problems,
             bindings=list(self.bindings),
+            staging_stalls=sum(r.staging.stalls for r in self.runners),
         )
 
     def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:

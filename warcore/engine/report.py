@@ -46,6 +46,9 @@ class RunReport:
     or requests failed in either run: see :func:`compare_with_serial`)."""
     serial_errors: int = 0
     """Requests that failed in the serial run this one was compared with."""
+    staging_stalls: int = 0
+    """Forwards whose host staging slot was still unreleased, so the host waited for it
+    (a guarded ring shallower than the steps in flight); 0 at the derived depth."""
 
     @property
     def idle_steps(self) -> int:

@@ -11,14 +11,28 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from warcore.batch import ForwardBatch, KVPool, Model, RowState, StepInput
-from warcore.core import ForwardMode, RecordPoint, runner_kind_for
+from warcore.batch import (
+    ForwardBatch,
+    HostStaging,
+    KVPool,
+    Model,
+    RowState,
+    StagedInputs,
+    StepInput,
+)
+from warcore.core import (
+    ForwardMode,
+    RecordPoint,
+    SharedReadBoundary,
+    host_release_point,
+    runner_kind_for,
+)
 from warcore.device import Device, Event, EventRing, ForwardId, Stream
 
 if TYPE_CHECKING:
@@ -167,7 +181,13 @@ class ModelRunner:
         name: str = "target",
         draft: bool = False,
         modelled_layer_s: float = 0.0,
+        staging: HostStaging | None = None,
+        host_reads: Mapping[ForwardMode, SharedReadBoundary] | None = None,
     ) -> None:
+        """``staging``: the ring this runner stages its forwards' host inputs in (default: two
+        slots, guarded, enough for one step of one forward in flight). ``host_reads``: until
+        when the backend's kernels read those host buffers, per mode (default: the backend
+        class's ``host_reads``; the engine adds its spec's)."""
         self.device = device
         self.forward_stream = forward_stream
         self.model = model
@@ -207,6 +227,12 @@ class ModelRunner:
         """An audit tool's hooks at the forward's phases (sanitizer, read tracer); set it
         through :meth:`RunnerGroup.set_probe`, which also captures the probe graphs."""
         self._act = _Activations()
+        self.staging = staging or HostStaging(max_bs, capacity, 2, pin=device.name == "cuda")
+        self.staged: StagedInputs | None = None
+        """The slot of the forward being launched (set by ``load_batch``)."""
+        self.host_reads = dict(backend.host_reads if host_reads is None else host_reads)
+        self._host_release = RecordPoint.NONE
+        self._host_releases: dict[tuple[ForwardMode, RecordPoint], RecordPoint] = {}
 
     def outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of ``fb``'s sampled tokens, last hidden states and sample indices."""
@@ -228,10 +254,8 @@ class ModelRunner:
     # -- the four phases ------------------------------------------------------------------
     def load_batch(self, step: StepInput, fb: ForwardBatch, in_capture: bool = False) -> None:
         """Copy ``step`` into ``fb``, derive positions and slots, then the out-graph init."""
-        pin = self.device.name == "cuda"
-        rows_host = _host([step.rows], pin)[0]
-        q_lens_host = _host([step.q_lens], pin)[0]
-        prompt_host = None if step.prompt_ids is None else _host(step.prompt_ids, pin)
+        slot = self.staged = self.staging.stage(step)  # host work: waits for the slot's release
+        rows_host, q_lens_host, prompt_host = slot.views()
         state, req_to_token, j = self.rows, self.pool.req_to_token, self._query_pos[: fb.max_q]
         offset = step.offset
 
@@ -256,7 +280,7 @@ class ModelRunner:
         backend = self.backend
         # Bind this step's host data now: on the sim device the launch runs later, when the
         # static batch may already describe the next step.
-        planned = replace(fb, host=step)
+        planned = replace(fb, host=step, staged=slot)
         self._launch(
             lambda: backend.init_forward_metadata_out_graph(planned, in_capture), "out_graph_init"
         )
@@ -285,7 +309,9 @@ class ModelRunner:
             hidden.copy_(act.h)
             out.copy_(model.sample(act.h))
             if prompt:
-                sample.copy_((fb.q_lens - 1).clamp(min=0))
+                # Clamped: a corrupted q_len (a raced staging buffer) gives wrong tokens, not
+                # an index past the batch.
+                sample.copy_((fb.q_lens - 1).clamp(min=0, max=fb.max_q - 1))
                 return
             # Greedy verification: the leading drafts that equal the target's own next token.
             drafts_ok = (fb.input_ids[:, 1:] == out[:, :-1]) & (
@@ -314,6 +340,9 @@ class ModelRunner:
 
         self.device.launch(copy_out, "emit")
         done = self.forward_stream.record_event()
+        slot = self.staged
+        if slot is not None and slot.release is None:
+            slot.release = done  # the host buffers' reads ended no later than the forward
         self.published[(step.forward_mode, point)] += 1
         if self.on_forward is not None:
             self.on_forward(self.name, step.forward_mode, point)
@@ -348,6 +377,12 @@ class ModelRunner:
         if one is installed, whether it acts in this forward: the probe that does, or ``None``."""
         self.mailbox.put(None)
         self.forward = self.device.begin_forward(self.step_index, self.name, step.forward_mode.name)
+        key = (step.forward_mode, decision.record_point)
+        release = self._host_releases.get(key)
+        if release is None:
+            until = self.host_reads.get(step.forward_mode)
+            release = self._host_releases[key] = host_release_point(key[1], until)
+        self._host_release = release
         probe = self.probe
         return probe if probe is not None and probe.begin(self, step, decision) else None
 
@@ -356,10 +391,8 @@ class ModelRunner:
         event on the forward stream, here, and let ``probe`` act right after it (in stream
         order: the sanitizer's poison lands exactly there)."""
         self.mailbox.put(self.ring.record(self.forward_stream), self.forward)
+        if point is self._host_release and self.staged is not None:
+            # the slot needs its own record: a ring event is re-armed by a later forward
+            self.staged.release = self.forward_stream.record_event()
         if probe is not None:
             probe.at_record_point(self, mode, point)
-
-
-def _host(data: list[list[int]], pin: bool) -> torch.Tensor:
-    tensor = torch.tensor(data, dtype=torch.int64)
-    return tensor.pin_memory() if pin else tensor
