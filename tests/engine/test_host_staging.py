@@ -172,7 +172,7 @@ class HostGatherBackend(TorchNativeBackend):
     batch's rows of that snapshot through the staged *host* row indices, read when the layer
     executes (a ``cp.async`` gather of pinned host inputs)."""
 
-    name = "host_gather"
+    name = "wctest_host_gather"
 
     def __init__(self, pool: Any, max_bs: int, capacity: int, context: Any = None) -> None:
         super().__init__(pool, max_bs, capacity, context)
@@ -205,7 +205,7 @@ class HostGatherBackend(TorchNativeBackend):
 
 
 class DeclaredHostGather(HostGatherBackend):
-    name = "host_gather"
+    name = "wctest_host_gather"
     host_reads = {ForwardMode.EXTEND: POST, ForwardMode.DECODE: POST}
 
 
@@ -218,23 +218,23 @@ def test_an_early_fence_on_a_host_buffer_corrupts_tokens_under_overlap(
     oracle: dict[int, list[int]],
 ) -> None:
     pm = _host_gather_pm(HostGatherBackend)
-    serial, _ = _run(pm, backend="host_gather", loop="serial")
+    serial, _ = _run(pm, backend="wctest_host_gather", loop="serial")
     assert serial == oracle  # the backend computes the same attention
     # One guarded slot: the host rewrites it as soon as the read-done event (PRE_REPLAY) is
     # reached, while the layers still read it.
     for _ in range(3):
-        outputs, _ = _run(pm, backend="host_gather", staging_depth=1, modelled_layer_s=0.002)
+        outputs, _ = _run(pm, backend="wctest_host_gather", staging_depth=1, modelled_layer_s=0.002)
         if outputs != oracle:
             break
     else:
         pytest.fail("the early fence on the host rows never corrupted the tokens")
     declared = _host_gather_pm(DeclaredHostGather)
-    outputs, _ = _run(declared, backend="host_gather", staging_depth=1, modelled_layer_s=0.002)
+    outputs, _ = _run(declared, backend="wctest_host_gather", staging_depth=1, modelled_layer_s=0.002)
     assert outputs == oracle  # declared host reads: the slot waits for the forward's end
 
 
 def test_host_sanitizer_catches_an_early_fence_on_a_host_buffer() -> None:
-    config = EngineConfig(backend="host_gather", model=TINY_MODEL)
+    config = EngineConfig(backend="wctest_host_gather", model=TINY_MODEL)
     report = sanitize_host_buffers(config, SMALL_TRACE, pm=_host_gather_pm(HostGatherBackend))
     assert report.violation is not None, report.format()
     v = report.violation
@@ -266,7 +266,7 @@ def test_read_tracer_lists_host_buffer_reads_apart_from_the_device_tables() -> N
     assert decode.last is not None and not decode.last.host
     assert decode.implied is IN  # host reads do not move the device tables' boundary
     gather = trace_reads(
-        "host_gather", requests=2, model=TINY_MODEL, pm=_host_gather_pm(HostGatherBackend)
+        "wctest_host_gather", requests=2, model=TINY_MODEL, pm=_host_gather_pm(HostGatherBackend)
     )
     last = gather.mode(ForwardMode.DECODE).host_last
     assert last is not None and last.label == f"layer{TINY_MODEL.layers - 1}", last
@@ -280,17 +280,17 @@ class SpecDeclaredHostGather:
     @hookimpl
     def warcore_attention_backends(self) -> list[BackendSpec]:
         reads = {"EXTEND": "POST_REPLAY", "DECODE": "POST_REPLAY"}
-        return [BackendSpec("host_gather", HostGatherBackend, host_reads=reads)]
+        return [BackendSpec("wctest_host_gather", HostGatherBackend, host_reads=reads)]
 
     @hookimpl
     def warcore_shared_read_boundary(
         self, backend: Any, forward_mode: ForwardMode, context: Any
     ) -> SharedReadBoundary | None:
-        return PRE if getattr(backend, "name", backend) == "host_gather" else None
+        return PRE if getattr(backend, "name", backend) == "wctest_host_gather" else None
 
 
 def _matrix_host(pm: Any) -> dict[str, tuple[str | None, str | None]]:
-    rows = build_matrix(pm, backends=["host_gather"], algorithms=["none"])
+    rows = build_matrix(pm, backends=["wctest_host_gather"], algorithms=["none"])
     return {r.mode.name: (r.as_dict()["host_reads"], r.as_dict()["host_release"]) for r in rows}
 
 
@@ -306,7 +306,7 @@ def test_matrix_shows_where_each_host_slot_is_released() -> None:
 
 def test_a_host_read_declared_on_the_spec_protects_the_slot() -> None:
     pm = make_plugin_manager(SpecDeclaredHostGather(), builtins="algorithms")
-    config = EngineConfig(backend="host_gather", model=TINY_MODEL, use_graphs=True)
+    config = EngineConfig(backend="wctest_host_gather", model=TINY_MODEL, use_graphs=True)
     report = sanitize_host_buffers(config, SMALL_TRACE, pm=pm)
     assert report.sound, report.format()  # the undeclared class is caught: see above
     with Engine(config, pm=pm) as engine:
@@ -317,8 +317,8 @@ def test_backend_spec_host_reads_are_validated() -> None:
     spec = BackendSpec("x", HostGatherBackend, host_reads={"decode": "in_replay"})
     assert spec.host_read_until(ForwardMode.DECODE) is IN
     assert spec.host_read_until(ForwardMode.EXTEND) is None
-    with pytest.raises(ValueError, match="'bad'.*host_reads"):
-        BackendSpec("bad", HostGatherBackend, host_reads={"DECODE": "LATER"})
+    with pytest.raises(ValueError, match="'wctest_bad'.*host_reads"):
+        BackendSpec("wctest_bad", HostGatherBackend, host_reads={"DECODE": "LATER"})
 
 
 def test_staging_options_are_validated_naming_the_value() -> None:
@@ -338,11 +338,11 @@ def test_cli_sanitize_host_buffers_finds_what_the_device_table_check_cannot(
     register_for_test(
         DeclaredBackend(HostGatherBackend, {ForwardMode.EXTEND: PRE, ForwardMode.DECODE: PRE})
     )
-    code = cli.main(["sanitize", "--backend", "host_gather", "--requests", "3", "--host-buffers"])
+    code = cli.main(["sanitize", "--backend", "wctest_host_gather", "--requests", "3", "--host-buffers"])
     out = capsys.readouterr().out
     assert code == 1, out
     lines = out.splitlines()
     # The device tables are read before the replay, as declared: that check is sound ...
-    assert any(line.split()[:2] == ["host_gather", "none"] and "sound" in line for line in lines)
+    assert any(line.split()[:2] == ["wctest_host_gather", "none"] and "sound" in line for line in lines)
     # ... the host rows the layers read are not.
     assert "VIOLATION (host buffer) target" in out and "VIOLATIONS FOUND" in out
