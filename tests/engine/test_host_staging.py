@@ -314,7 +314,7 @@ def test_a_host_read_declared_on_the_spec_protects_the_slot() -> None:
 
 
 def test_backend_spec_host_reads_are_validated() -> None:
-    spec = BackendSpec("x", HostGatherBackend, host_reads={"decode": "in_replay"})
+    spec = BackendSpec("wctest_x", HostGatherBackend, host_reads={"decode": "in_replay"})
     assert spec.host_read_until(ForwardMode.DECODE) is IN
     assert spec.host_read_until(ForwardMode.EXTEND) is None
     with pytest.raises(ValueError, match="'wctest_bad'.*host_reads"):
