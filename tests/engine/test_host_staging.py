@@ -229,7 +229,9 @@ def test_an_early_fence_on_a_host_buffer_corrupts_tokens_under_overlap(
     else:
         pytest.fail("the early fence on the host rows never corrupted the tokens")
     declared = _host_gather_pm(DeclaredHostGather)
-    outputs, _ = _run(declared, backend="wctest_host_gather", staging_depth=1, modelled_layer_s=0.002)
+    outputs, _ = _run(
+        declared, backend="wctest_host_gather", staging_depth=1, modelled_layer_s=0.002
+    )
     assert outputs == oracle  # declared host reads: the slot waits for the forward's end
 
 
@@ -338,11 +340,15 @@ def test_cli_sanitize_host_buffers_finds_what_the_device_table_check_cannot(
     register_for_test(
         DeclaredBackend(HostGatherBackend, {ForwardMode.EXTEND: PRE, ForwardMode.DECODE: PRE})
     )
-    code = cli.main(["sanitize", "--backend", "wctest_host_gather", "--requests", "3", "--host-buffers"])
+    code = cli.main(
+        ["sanitize", "--backend", "wctest_host_gather", "--requests", "3", "--host-buffers"]
+    )
     out = capsys.readouterr().out
     assert code == 1, out
     lines = out.splitlines()
     # The device tables are read before the replay, as declared: that check is sound ...
-    assert any(line.split()[:2] == ["wctest_host_gather", "none"] and "sound" in line for line in lines)
+    assert any(
+        line.split()[:2] == ["wctest_host_gather", "none"] and "sound" in line for line in lines
+    )
     # ... the host rows the layers read are not.
     assert "VIOLATION (host buffer) target" in out and "VIOLATIONS FOUND" in out
