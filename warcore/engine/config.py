@@ -90,9 +90,8 @@ class EngineConfig:
             raise ValueError(
                 f"unknown copy_wait {self.copy_wait!r}; valid: {', '.join(COPY_WAITS)}"
             )
-        if self.event_ring_depth is not None and (
-            not isinstance(self.event_ring_depth, int) or self.event_ring_depth < 1
-        ):
+        ring = self.event_ring_depth
+        if ring is not None and (not isinstance(ring, int) or isinstance(ring, bool) or ring < 1):
             raise ValueError(f"event_ring_depth must be an int >= 1, got {self.event_ring_depth!r}")
         if self.staging not in STAGINGS:
             raise ValueError(f"unknown staging {self.staging!r}; valid: {', '.join(STAGINGS)}")
