@@ -180,6 +180,8 @@ def _observe(status: Status) -> None:
         return
     path = os.path.abspath(path)
     try:
+        # the trace file must be writable now, not at the first barrier
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
         from . import trace
 
         trace.install(path)

@@ -19,7 +19,9 @@ Nothing here changes a decision: with a listener that does nothing, sglang behav
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -29,6 +31,8 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from ._post_import import PostImportFinder
+
+_log = logging.getLogger("warcore_sglang")
 
 __all__ = ["Barrier", "Listener", "Publish", "current_batch", "install", "uninstall"]
 
@@ -116,8 +120,15 @@ def _pushed(name: str, value: Any) -> Iterator[None]:
 
 
 def _each(method: str, *args: Any) -> None:
+    # A diagnostic never takes the server down: a listener that fails (a full disk under the
+    # trace, say) is named once and dropped; sglang's call goes on as if it were not there.
     for listener in list(_listeners):
-        getattr(listener, method)(*args)
+        try:
+            getattr(listener, method)(*args)
+        except Exception:
+            _log.exception("warcore-sglang: %r failed in %s and is switched off", listener, method)
+            with contextlib.suppress(ValueError):
+                _listeners.remove(listener)
 
 
 # -- where a publish came from --------------------------------------------------------------
