@@ -17,8 +17,11 @@ plugin and the activation build on; ``sglang/srt/`` paths):
 * ``layers/attention/base_attn_backend.py``: ``SharedReadEnds`` (PRE < IN < POST < UNKNOWN,
   ``max_of`` the latest); the base declares DECODE and TARGET_VERIFY ``IN_REPLAY``, else
   UNKNOWN; ``resolve_prefill_shared_read_ends`` (only defined there) checks
-  ``SGLANG_FORCE_COARSE_WAR_BARRIER`` / ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE`` and exactly
-  EXTEND, then the per-batch ``_snapshot_prefill_shared_reads`` or the static declaration.
+  ``SGLANG_FORCE_COARSE_WAR_BARRIER`` / ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE`` (``EnvBool(True)``
+  in ``srt/environ.py``: on unless set false) and exactly EXTEND, then the per-batch
+  ``_snapshot_prefill_shared_reads`` or the static declaration. sglang main's opt-out
+  ``SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER`` (#37958) is read instead under
+  ``WARCORE_SGLANG_PREFILL_SWITCH=main`` (:data:`ENV_PREFILL_SWITCH`).
 * Of the 23 registry names only ``trtllm_mha`` (EXTEND ``PRE_REPLAY``) and ``dsv4`` on CUDA
   (TARGET_VERIFY ``POST_REPLAY``, ``IN_REPLAY`` only when ``spec_algorithm.is_dspark()``:
   DFLASH is POST too; its prefill snapshots per batch) declare of their own. Wrappers: hybrid
@@ -50,10 +53,12 @@ from __future__ import annotations
 from typing import Any
 
 from ._names import SUPPORTED  # pure data
+from ._prefill_switch import ENV_PREFILL_SWITCH  # standard library only
 
 __all__ = [
     "ENV_ACTIVATE",
     "ENV_CHECK_RANKS",
+    "ENV_PREFILL_SWITCH",
     "SUPPORTED",
     "install",
     "is_installed",

@@ -28,10 +28,11 @@ Switch it on with ``WARCORE_SGLANG_SANITIZE`` in the server's environment, with
   (then one server runs a workload plain and again tagged, and the two are compared).
 
 ``python -m warcore_sglang.sanitize`` does all of it: it starts sglang's ``Engine`` with the
-sglang arguments it is given (and ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE=1`` unless set: sglang's
-prefill fast path is opt-in), runs a two-wave workload (the second wave reuses the
-``req_to_token`` rows the first freed) plain and then tagged, and reports (exit 1 on a
-violation).
+sglang arguments it is given (and ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE=1`` unless set, under
+``WARCORE_SGLANG_PREFILL_SWITCH=0.5.23``, the default: the prefill fast path on, so that early
+prefill declarations publish; see :mod:`warcore_sglang._prefill_switch`), runs a two-wave
+workload (the second wave reuses the ``req_to_token`` rows the first freed) plain and then
+tagged, and reports (exit 1 on a violation).
 
 What it covers, and on which device:
 
@@ -62,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _observe, trace
+from ._prefill_switch import PrefillSwitchError, fast_path_env, prefill_switch_setting
 
 __all__ = [
     "ENV_SANITIZE",
@@ -324,12 +326,9 @@ def _run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="warcore-sanitize-") as tmp:
         trace_path = str(Path(tmp) / "trace.jsonl")
         env = {trace.ENV_TRACE: trace_path, ENV_SANITIZE: "tagged"}
-        # sglang's prefill fast path is opt-in: on, so that early prefill declarations publish
-        # (and are audited), unless the caller's environment says otherwise
-        env.setdefault(
-            "SGLANG_ENABLE_PREFILL_WAR_READ_DONE",
-            os.environ.get("SGLANG_ENABLE_PREFILL_WAR_READ_DONE", "1"),
-        )
+        # the prefill fast path on, so that early prefill declarations publish (and are
+        # audited), unless the caller's environment says otherwise
+        env.update(fast_path_env(prefill_switch_setting(os.environ), os.environ))
         if args.cpu_tiny_model:
             serving.write_tiny_model(args.cpu_tiny_model)
             engine = serving.cpu_engine_args(args.cpu_tiny_model)
@@ -359,7 +358,12 @@ def _report_json(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        prefill_switch_setting(os.environ)  # refused here, not in the server it would start
+    except PrefillSwitchError as exc:
+        parser.error(str(exc))
     records, tokens = _run(args)
     plain = {rid: ids for rid, ids in tokens.items() if not rid.startswith(TAG)}
     poisoned = {rid: ids for rid, ids in tokens.items() if rid.startswith(TAG)}

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _observe
+from ._prefill_switch import DEFAULT, read_prefill_switch
 
 __all__ = [
     "ENV_TRACE",
@@ -117,8 +118,11 @@ def _sglang_alone(model_runner: Any, backend: Any, mode: Any) -> tuple[str, str]
     envs = base.envs
     if envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():
         return "UNKNOWN", "sglang:SGLANG_FORCE_COARSE_WAR_BARRIER"
-    if not envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.get():
-        return "UNKNOWN", "sglang:SGLANG_ENABLE_PREFILL_WAR_READ_DONE is off"
+    # Not activated: sglang's own resolver runs, and 0.5.23's reads its own switch whatever
+    # WARCORE_SGLANG_PREFILL_SWITCH says.
+    switch = read_prefill_switch(DEFAULT, os.environ, envs)
+    if not switch.on:
+        return "UNKNOWN", switch.source
     if declared is base.SharedReadEnds.PRE_REPLAY:
         algo = getattr(model_runner, "spec_algorithm", None)
         if algo is not None and not algo.supports_prefill_shared_read_done():

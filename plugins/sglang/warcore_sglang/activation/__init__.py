@@ -12,7 +12,9 @@ defined later: ``AttentionBackend.__init_subclass__``) never earlier than sglang
                                                        for the instance; a veto, force-coarse,
                                                        or a non-publishing phase -> UNKNOWN;
                                                        cached per instance
-``AttentionBackend.resolve_prefill_shared_read_ends``  sglang's env switches, then warcore's
+``AttentionBackend.resolve_prefill_shared_read_ends``  sglang's env switches (the prefill one
+                                                       as ``WARCORE_SGLANG_PREFILL_SWITCH``
+                                                       says), then warcore's
                                                        prefill decision (declaration, vetoes,
                                                        the algorithm's gate); on the snapshot
                                                        path sglang's per-batch snapshot, never
@@ -57,7 +59,8 @@ methods and property), :mod:`._ranks` (the core's rank check at scheduler start)
 
 from __future__ import annotations
 
-from .. import ENV_ACTIVATE, ENV_CHECK_RANKS
+from .. import ENV_ACTIVATE, ENV_CHECK_RANKS, ENV_PREFILL_SWITCH
+from .._prefill_switch import PrefillSwitchError
 from ._answers import explain, explain_prefill
 from ._identity import identify
 from ._lifecycle import UnsupportedSglangError, install, is_installed, sglang_plugin, uninstall
@@ -67,6 +70,8 @@ from ._ranks import rank_cells
 __all__ = [
     "ENV_ACTIVATE",
     "ENV_CHECK_RANKS",
+    "ENV_PREFILL_SWITCH",
+    "PrefillSwitchError",
     "UnsupportedSglangError",
     "explain",
     "explain_prefill",

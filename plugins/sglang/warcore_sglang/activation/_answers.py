@@ -10,6 +10,7 @@ warcore's vetoes, force-coarse and publish phase close it (UNKNOWN: a coarse bar
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -23,6 +24,7 @@ from warcore.core import (
 
 from .. import _sglang
 from .._names import SRT
+from .._prefill_switch import DEFAULT, PrefillSwitch, read_prefill_switch
 from . import _state
 from ._identity import identify
 
@@ -95,15 +97,27 @@ def explain_prefill(backend: Any) -> tuple[SharedReadBoundary, str]:
     """The static prefill decision of the patched ``resolve_prefill_shared_read_ends`` for the
     instance (sglang's switches, warcore's gate, the declaration) and its provenance. A
     backend's per-batch snapshot can only move it later."""
-    base = base_module()
-    if base.envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():
+    envs = base_module().envs
+    if envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():
         return SharedReadBoundary.UNKNOWN, "sglang:SGLANG_FORCE_COARSE_WAR_BARRIER"
-    if not base.envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.get():
-        return SharedReadBoundary.UNKNOWN, "sglang:SGLANG_ENABLE_PREFILL_WAR_READ_DONE is off"
+    switch = prefill_switch(envs)
+    if not switch.on:
+        return SharedReadBoundary.UNKNOWN, switch.source
     closed, _, _ = prefill_decision(backend)
     if closed is not None:
         return SharedReadBoundary.UNKNOWN, closed
     return explain(backend, _sglang.api().ForwardMode.EXTEND)
+
+
+def prefill_switch(envs: Any) -> PrefillSwitch:
+    """sglang's prefill switch, read as ``WARCORE_SGLANG_PREFILL_SWITCH`` (read at install)
+    says; its warning, if any, is logged once."""
+    state = _state.current
+    setting = state.prefill_switch if state is not None else DEFAULT
+    switch = read_prefill_switch(setting, os.environ, envs)
+    if switch.warning is not None:
+        _state.log_once(("prefill-switch", switch.warning), logging.WARNING, switch.warning)
+    return switch
 
 
 def effective(backend: Any, smode: Any) -> Any:

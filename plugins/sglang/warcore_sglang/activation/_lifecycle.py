@@ -23,6 +23,7 @@ from warcore.core import get_plugin_manager
 from .. import _sglang
 from .._names import SRT
 from .._post_import import PostImportFinder
+from .._prefill_switch import prefill_switch_setting
 from . import _machinery, _ranks, _state
 from ._machinery import patch_tree, set_attr
 from ._owner import make_owner_property
@@ -131,14 +132,20 @@ def install(*, check_ranks: bool | None = None) -> None:
     is imported later. ``check_ranks`` (default: ``WARCORE_SGLANG_CHECK_RANKS``) also runs the
     rank check at the end of every ``Scheduler.__init__``. Raises
     :class:`UnsupportedSglangError` when the installed sglang is outside
-    ``warcore_sglang.SUPPORTED`` (nothing is patched).
+    ``warcore_sglang.SUPPORTED``, and :class:`~warcore_sglang._prefill_switch.PrefillSwitchError`
+    when ``WARCORE_SGLANG_PREFILL_SWITCH`` names no switch (nothing is patched either way: sglang
+    then runs as shipped, its own switch deciding; warcore-sglang never guesses which switch an
+    operator meant).
     """
     with _state.lock:
         if _state.current is not None:
             return
         _refuse_unsupported()
+        switch = prefill_switch_setting(os.environ)
         pm = get_plugin_manager()
-        state = _state.State(pm=pm, plugin_names=_state.sglang_plugin_names(pm))
+        state = _state.State(
+            pm=pm, plugin_names=_state.sglang_plugin_names(pm), prefill_switch=switch
+        )
         _state.current = state
         _state.invalidate()
         pm.add_change_listener(_state.on_change)
@@ -158,9 +165,11 @@ def install(*, check_ranks: bool | None = None) -> None:
             _state.current = None
             raise
     logger.info(
-        "warcore-sglang: active in process %d (sglang %s; warcore resolves its declaration points)",
+        "warcore-sglang: active in process %d (sglang %s; warcore resolves its declaration "
+        "points; prefill switch: %s)",
         os.getpid(),
         _sglang.installed_version(),
+        switch,
     )
 
 

@@ -21,7 +21,7 @@ from warcore.core import resolve_war_publish_phase
 from .. import _sglang
 from .._names import warcore_name
 from . import _state
-from ._answers import base_module, effective, prefill_decision
+from ._answers import base_module, effective, prefill_decision, prefill_switch
 from ._machinery import wrap
 from ._state import CACHED, DECODE, PREFILL, PUBLISH, SRE
 
@@ -74,11 +74,9 @@ def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
                 self, forward_batch, num_qo_tokens=num_qo_tokens, build_snapshot=build_snapshot
             )
         # sglang's own switches stay in force (read per call, as sglang does).
-        if (
-            envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get()
-            or not envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.get()
-            or forward_batch.forward_mode != extend
-        ):
+        if envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get() or not prefill_switch(envs).on:
+            return unknown
+        if forward_batch.forward_mode != extend:
             return unknown
         cached = self.__dict__.get(PREFILL)
         if cached is not None and cached[0] == _state.gen:

@@ -21,6 +21,7 @@ from typing import Any
 from warcore.core import WarcorePluginManager, get_plugin_manager
 
 from .._post_import import PostImportFinder
+from .._prefill_switch import DEFAULT
 
 MISSING = object()
 """A patched attribute's original when the owner inherited it (restored by deleting it)."""
@@ -45,6 +46,8 @@ class State:
     patches: list[Patch] = field(default_factory=list)
     finder: PostImportFinder | None = None
     plugin_names: frozenset[str] = frozenset()
+    prefill_switch: str = DEFAULT
+    """``WARCORE_SGLANG_PREFILL_SWITCH`` as read at install (:mod:`.._prefill_switch`)."""
 
 
 lock = threading.RLock()
