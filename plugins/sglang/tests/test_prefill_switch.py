@@ -73,14 +73,13 @@ def test_prefill_switch_setting_and_variable_decide_the_prefill(
     fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND)
     trt = leaf("trtllm_mha", algorithm("none"))
     want = SharedReadEnds.PRE_REPLAY if on else SharedReadEnds.UNKNOWN
-    warcore_sglang.install()
+    with caplog.at_level(logging.WARNING):
+        warcore_sglang.install()  # the warnings come at start-up, before any prefill
+    warned = [r.getMessage() for r in caplog.records if "warcore-sglang: SGLANG_" in r.getMessage()]
     try:
-        with caplog.at_level(logging.WARNING):
-            for snapshot in (False, True):
-                got = trt.resolve_prefill_shared_read_ends(
-                    fb, num_qo_tokens=8, build_snapshot=snapshot
-                )
-                assert got is want, snapshot
+        for snapshot in (False, True):
+            got = trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8, build_snapshot=snapshot)
+            assert got is want, snapshot
         boundary, provenance = trace.explain(SimpleNamespace(attn_backend=trt), ForwardMode.EXTEND)
     finally:
         warcore_sglang.uninstall()
@@ -91,7 +90,6 @@ def test_prefill_switch_setting_and_variable_decide_the_prefill(
         assert "PREFILL" not in provenance, provenance
     ignored = setting is not None and setting.strip().lower() == "main" and OPT_IN in env
     unreadable = env.get(OPT_OUT) == "maybe"
-    warned = [r.getMessage() for r in caplog.records if "warcore-sglang: SGLANG_" in r.getMessage()]
     if ignored:
         assert any(f"{OPT_IN}='0' is ignored" in m and OPT_OUT in m for m in warned), warned
     if unreadable:
@@ -168,7 +166,7 @@ def test_prefill_switch_is_read_per_call_after_install(
     warcore_sglang.install()
     try:
         wctest_clean_env.setenv(ENV_PREFILL_SWITCH, "0.5.23")  # too late: main stays
-        wctest_clean_env.setenv(OPT_IN, "0")
+        wctest_clean_env.setenv(OPT_IN, "no")
         assert ask() is SharedReadEnds.PRE_REPLAY
         wctest_clean_env.setenv(OPT_OUT, "1")
         assert ask() is SharedReadEnds.UNKNOWN

@@ -80,7 +80,8 @@ def read_prefill_switch(setting: str, environ: Mapping[str, str], envs: Any) -> 
     """Whether sglang's prefill switch, read the way ``setting`` says, lets the prefill publish
     early. ``envs`` is sglang's ``srt.environ.envs``: the 0.5.23 variable is read through it
     (its default and its parsing, exactly as sglang's own resolver); the main variable through
-    it where this sglang knows it, else from ``environ`` with sglang's boolean parsing."""
+    it where this sglang knows it, else from ``environ`` with sglang's boolean parsing (``envs``
+    may be ``None`` under ``main``: sglang's ``environ`` module not imported yet)."""
     if setting == "0.5.23":
         on = bool(getattr(envs, OPT_IN).get())
         return PrefillSwitch(on, f"sglang:{OPT_IN} is {'on' if on else 'off'}")

@@ -23,7 +23,7 @@ from warcore.core import get_plugin_manager
 from .. import _sglang
 from .._names import SRT
 from .._post_import import PostImportFinder
-from .._prefill_switch import prefill_switch_setting
+from .._prefill_switch import DEFAULT, prefill_switch_setting, read_prefill_switch
 from . import _machinery, _ranks, _state
 from ._machinery import patch_tree, set_attr
 from ._owner import make_owner_property
@@ -164,6 +164,13 @@ def install(*, check_ranks: bool | None = None) -> None:
             _restore(state)
             _state.current = None
             raise
+    if switch != DEFAULT:
+        # said at start-up, not at the first prefill; the patched resolver logs the same line
+        # (once: same key) if the variables change later
+        envs = getattr(sys.modules.get(SRT + "environ"), "envs", None)
+        warning = read_prefill_switch(switch, os.environ, envs).warning
+        if warning is not None:
+            _state.log_once(("prefill-switch", warning), logging.WARNING, warning)
     logger.info(
         "warcore-sglang: active in process %d (sglang %s; warcore resolves its declaration "
         "points; prefill switch: %s)",
