@@ -74,8 +74,9 @@ class LoaderConfig:
     strict: bool = False
     force_coarse: bool = False
     prefill_fast_path: bool = True
-    """Prefill may publish before its replay (sglang's ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``,
-    opt-in there; on here, where the sanitizer audits every prefill declaration)."""
+    """Prefill may publish before its replay. On by default, as in sglang: 0.5.23's
+    ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE`` defaults to true, and sglang main turns it into the
+    opt-out ``SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER``."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoaderConfig:
