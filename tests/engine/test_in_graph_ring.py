@@ -151,3 +151,35 @@ def test_probe_graphs_are_captured_per_slot_and_keep_the_bindings_in_time() -> N
     decodes = report.published[(ForwardMode.DECODE, RecordPoint.IN_GRAPH_NODE)]
     assert probe.ran == decodes > 0  # every replay ran its slot's probe graph
     assert audit_bindings(report.bindings) == []
+
+
+def test_the_sanitizer_with_the_ring_is_sound_and_reports_no_late_binding() -> None:
+    """The poisoned run replays each slot's probe graph (poison right after that slot's
+    node); the binding run's late copy consumer binds in time."""
+    from warcore.audit.sanitizer import sanitize
+
+    options = {"model": TINY_MODEL, "requests": 6, "copy_wait": "after-next-launch"}
+    persistent = sanitize("torch_native", "none", **options)  # type: ignore[arg-type]
+    assert [w.kind for w in persistent.binding_warnings] == ["late-binding"]
+    ring = sanitize("torch_native", "none", in_graph_event="ring", **options)  # type: ignore[arg-type]
+    assert ring.error is None and ring.sound
+    assert ring.binding_findings == [] and ring.binding_warnings == []
+    assert "later" not in ring.bindings and "WARNING" not in ring.format()
+
+
+def test_warcore_run_takes_the_setting_and_refuses_a_bad_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from warcore import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--in-graph-event", "rings"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--in-graph-event" in err and "'rings'" in err and "persistent" in err
+    code = cli.main(
+        ["run", "--requests", "3", "--copy-wait", "after-next-launch", "--in-graph-event", "ring"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "bindings" in out
+    assert "later" not in out and "WARNING" not in out
