@@ -61,10 +61,18 @@ def test_overlap_writes_every_variant(
         "unsafe",
         "fine/torch_native",
         "fine/fresh staging",
+        "fine/late copy, persistent",
+        "fine/late copy, in-graph ring",
         "fine A/A",
     }
     assert variants["fine"]["staging"] == "ring"
     assert variants["fine/fresh staging"]["staging"] == "fresh"
+    late, ring = variants["fine/late copy, persistent"], variants["fine/late copy, in-graph ring"]
+    assert (late["in_graph_event"], ring["in_graph_event"]) == ("persistent", "ring")
+    assert late["copy_wait"] == ring["copy_wait"] == "after-next-launch"
+    # Two slots per bucket for the decode graphs: twice the captured graphs of the persistent.
+    assert ring["graphs"] == 2 * late["graphs"] == 2 * variants["fine"]["graphs"] > 0
+    _check_stats(ring["build_s"])
     for name, v in variants.items():
         _check_stats(v["tokens_per_s"])
         _check_stats(v["tokens_per_s_ratio_to_fine"])
@@ -84,6 +92,9 @@ def test_overlap_writes_every_variant(
         "fine_over_coarse_tokens_per_s",
         "fine_over_fine_fresh_staging_tokens_per_s",
         "fine_over_fine_again_tokens_per_s",
+        "in_graph_ring_over_persistent_tokens_per_s",
+        "in_graph_ring_over_persistent_step_ms",
+        "in_graph_ring_over_persistent_build_s",
     }
 
 

@@ -53,3 +53,22 @@ def test_flashinfer_backend_matches_serial() -> None:
     assert report.outputs == serial.outputs
     decodes = report.forwards[ForwardMode.DECODE]
     assert report.published[(ForwardMode.DECODE, RecordPoint.IN_GRAPH_NODE)] == decodes
+
+
+def test_in_graph_event_ring_keeps_the_31072_consumer_bound_on_cuda() -> None:
+    """The ring of captured nodes on a GPU (written like the sim path; untested without one):
+    each slot's graph records its own external event, so the deferred copy wait binds to its
+    own forward's record, where the persistent event binds it to the next one's."""
+    from warcore.audit.bindings import audit_bindings
+
+    serial = _run(EngineConfig(loop="serial"))
+    persistent = _run(EngineConfig(copy_wait="after-next-launch"))
+    assert [f.kind for f in audit_bindings(persistent.bindings)] == ["late-binding"]
+    with Engine(
+        EngineConfig(copy_wait="after-next-launch", in_graph_event="ring"), device="cuda"
+    ) as engine:
+        graphs = engine.target.graphs[ForwardMode.DECODE]
+        assert graphs.depth == 2 and graphs.graph_count == 2 * len(graphs.buckets)
+        ring = engine.run(TRACE)
+    assert audit_bindings(ring.bindings) == []
+    assert ring.outputs == serial.outputs

@@ -4,8 +4,9 @@ sglang #31698's scan of every module that writes an event into the mailbox).
 A read-done event recorded outside a ring (a fresh ``record_event()``, an event kept by hand)
 re-arms whenever its publisher records again, so a consumer that waits later binds to the wrong
 forward's record. The scan reads every module's syntax tree: a ``mailbox.put(x)`` must hand over
-``None``, a ring's record (``<...>.ring.record(stream)``) or the runner's persistent in-graph
-event (``<...>.read_done_event``, which the binding audit checks on every wait)."""
+``None``, a ring's record (``<...>.ring.record(stream)``) or a graph runner's in-graph event of
+the replayed slot (``<...>.node_events[slot]``: the persistent event at depth 1, which the
+binding audit checks on every wait, or the ring of captured record nodes)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ def _tail(node: ast.expr) -> str | None:
 def _allowed(arg: ast.expr) -> bool:
     if isinstance(arg, ast.Constant) and arg.value is None:
         return True
-    if isinstance(arg, ast.Attribute) and arg.attr == "read_done_event":
+    if (
+        isinstance(arg, ast.Subscript)
+        and isinstance(arg.value, ast.Attribute)
+        and arg.value.attr == "node_events"
+    ):
         return True
     return (
         isinstance(arg, ast.Call)

@@ -76,7 +76,7 @@ from warcore.engine.steps import engine_problem
 if TYPE_CHECKING:
     from warcore.audit._sanitize_probe import ForwardRecord
     from warcore.engine import Engine, EngineConfig, ModelConfig, Request
-    from warcore.engine.config import CopyWait
+    from warcore.engine.config import CopyWait, InGraphEvent
     from warcore.runners import RunnerGroup
 
 __all__ = [
@@ -360,6 +360,7 @@ def engine_config(
     dtype: torch.dtype | None = None,
     max_running: int = 8,
     model: ModelConfig | None = None,
+    in_graph_event: InGraphEvent = "persistent",
 ) -> EngineConfig:
     """The engine configuration a sanitizer run uses: the serial loop, small pools; the
     reference model unless ``model`` says otherwise (``dtype`` overrides its dtype)."""
@@ -381,6 +382,7 @@ def engine_config(
         plant_node=plant_node,
         num_draft=num_draft,
         model=model,
+        in_graph_event=in_graph_event,
         scheduler=SchedulerConfig(max_running=max_running),
         num_slots=1024,
         flags=tuple(sorted((flags or {}).items())),
@@ -408,6 +410,7 @@ def sanitize(
     sglang_fallback: bool = False,
     bindings: bool = True,
     copy_wait: CopyWait = "none",
+    in_graph_event: InGraphEvent = "persistent",
 ) -> SanitizeReport:
     """Sanitize one backend x algorithm combination; see the module docstring.
 
@@ -431,6 +434,7 @@ def sanitize(
         dtype=dtype,
         max_running=max_running,
         model=model,
+        in_graph_event=in_graph_event,
     )
     trace = trace_for(requests, seed)
     report = SanitizeReport(backend, algorithm, device, len(trace), config.flags)

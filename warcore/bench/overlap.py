@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -56,6 +57,10 @@ class Variant:
     """``None``: the benchmark's backend."""
     staging: str = "ring"
     """How forwards stage their host inputs (``EngineConfig.staging``)."""
+    copy_wait: str = "none"
+    """A second consumer of the read-done event (``EngineConfig.copy_wait``)."""
+    in_graph_event: str = "persistent"
+    """The graphs' record-node event (``EngineConfig.in_graph_event``)."""
 
 
 SERIAL = Variant("serial", "coarse", "serial")
@@ -70,7 +75,28 @@ FINE_TORCH_NATIVE = Variant("fine/torch_native", "fine", "overlap", "torch_nativ
 FINE_AGAIN = Variant("fine A/A", "fine", "overlap")
 # The fine fence with fresh host tensors every forward instead of the persistent staging ring.
 FINE_FRESH = Variant("fine/fresh staging", "fine", "overlap", staging="fresh")
-OVERLAP_VARIANTS = (SERIAL, COARSE, FINE, UNSAFE, FINE_TORCH_NATIVE, FINE_FRESH, FINE_AGAIN)
+# sglang #31072's late copy consumer, with the persistent in-graph event (it binds to the next
+# forward's record) and with the ring of captured nodes (depth 2: two graphs per bucket, it
+# binds in time); their ratio is what the ring costs at capture and at replay.
+FINE_LATE = Variant("fine/late copy, persistent", "fine", "overlap", copy_wait="after-next-launch")
+FINE_LATE_RING = Variant(
+    "fine/late copy, in-graph ring",
+    "fine",
+    "overlap",
+    copy_wait="after-next-launch",
+    in_graph_event="ring",
+)
+OVERLAP_VARIANTS = (
+    SERIAL,
+    COARSE,
+    FINE,
+    UNSAFE,
+    FINE_TORCH_NATIVE,
+    FINE_FRESH,
+    FINE_LATE,
+    FINE_LATE_RING,
+    FINE_AGAIN,
+)
 SWEEP_FENCES = (COARSE, FINE, UNSAFE)
 
 DEFAULT_BACKEND = "trtllm_mha"
@@ -122,6 +148,13 @@ class RunSample:
     barriers: dict[str, int]
     published: dict[str, int]
     matches_oracle: bool | None
+    build_s: float = 0.0
+    """Engine construction (model, pools, graph capture, ending with a device sync)."""
+    graphs: int = 0
+    """Captured graphs the engine holds (every runner, mode and bucket; ring slots too)."""
+    reserved_mb: float | None = None
+    """CUDA only: memory the caching allocator reserved when the engine was built (weights,
+    pools and the graphs' private memory pools); ``None`` on sim."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -144,10 +177,22 @@ def run_variant(
         loop=variant.loop,  # type: ignore[arg-type]
         backend=variant.backend or base.backend,
         staging=variant.staging,  # type: ignore[arg-type]
+        copy_wait=variant.copy_wait,  # type: ignore[arg-type]
+        in_graph_event=variant.in_graph_event,  # type: ignore[arg-type]
     )
     recorder = TraceRecorder()
+    reserved = _reserved_mb(device)
+    t0 = time.perf_counter()
     # Engine construction finishes graph capture; closing drops its decision-cache entries.
     with Engine(cfg, device=device) as engine:
+        build_s = time.perf_counter() - t0
+        after = _reserved_mb(device)
+        graphs = sum(
+            g.graph_count
+            for group in (engine.target, getattr(engine.step_worker, "draft", None))
+            if group is not None
+            for g in group.graphs.values()
+        )
         report = engine.run(trace, observer=recorder)
     tl = Timeline(recorder)
     steps = sum(report.forwards.values())
@@ -181,8 +226,19 @@ def run_variant(
             )
         },
         matches_oracle=None if oracle is None else report.outputs == oracle,
+        build_s=build_s,
+        graphs=graphs,
+        reserved_mb=None if reserved is None or after is None else after - reserved,
     )
     return sample, report.outputs
+
+
+def _reserved_mb(device: str) -> float | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.memory_reserved() / 2**20
 
 
 def calibrate(base: EngineConfig, trace: list[Request], device: str) -> tuple[float, str]:
@@ -316,6 +372,12 @@ def measure_overlap(settings: Settings) -> dict[str, Any]:
                 ("fine_fresh_staging", FINE_FRESH.name),
                 ("fine_again", FINE_AGAIN.name),
             )
+        }
+        | {
+            f"in_graph_ring_over_persistent_{field}": _ratios(
+                rounds, FINE_LATE_RING.name, FINE_LATE.name, field
+            )
+            for field in ("tokens_per_s", "step_ms", "build_s")
         },
         "machine": machine_info(settings.device),
     }
@@ -337,6 +399,11 @@ def _overlap_variant(
         "idle_ratio_to_fine": _ratios(rounds, v.name, FINE.name, "idle_ms"),
         "step_ms": _stat(samples, "step_ms"),
         "forward_ms": _stat(samples, "forward_ms"),
+        "copy_wait": v.copy_wait,
+        "in_graph_event": v.in_graph_event,
+        "build_s": _stat(samples, "build_s"),
+        "graphs": samples[-1].graphs,
+        "reserved_mb": _stat(samples, "reserved_mb"),
         "barriers": samples[-1].barriers,
         "published": samples[-1].published,
         "runs_differing_from_serial": sum(1 for s in samples if s.matches_oracle is False),
@@ -393,10 +460,22 @@ def overlap_table(result: dict[str, Any]) -> str:
             ("fine / unsafe", c["fine_over_unsafe_tokens_per_s"]),
             ("fine / coarse", c["fine_over_coarse_tokens_per_s"]),
             ("fine (ring) / fine (fresh staging)", c["fine_over_fine_fresh_staging_tokens_per_s"]),
+            (
+                "in-graph ring / persistent (late copy)",
+                c["in_graph_ring_over_persistent_tokens_per_s"],
+            ),
             ("fine / fine A/A (noise)", c["fine_over_fine_again_tokens_per_s"]),
         )
         if r is not None
     )
+    ring, persistent = result["variants"][FINE_LATE_RING.name], result["variants"][FINE_LATE.name]
+    build = c["in_graph_ring_over_persistent_build_s"]
+    if build is not None:
+        tail += (
+            f"\nin-graph ring / persistent (late copy) engine build time, per round: median "
+            f"{build['median']:.3f}, min {build['min']:.3f}, max {build['max']:.3f}; graphs "
+            f"{ring['graphs']} / {persistent['graphs']}"
+        )
     return "\n".join([head, table, tail])
 
 

@@ -108,6 +108,14 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         "audit warns)",
     )
     parser.add_argument(
+        "--in-graph-event",
+        choices=("persistent", "ring"),
+        default="persistent",
+        help="the captured graphs' read-done event: one persistent event re-armed by every "
+        "replay (default), or a ring of captured nodes, one graph per slot and bucket "
+        "(EngineConfig.in_graph_event)",
+    )
+    parser.add_argument(
         "--trace",
         metavar="FILE",
         help="write a Chrome/Perfetto trace of the run (host, forward and schedule streams, "
@@ -190,6 +198,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         modelled_layer_s=args.layer_ms / 1e3,
         schedule_work_s=args.schedule_ms / 1e3,
         copy_wait=args.copy_wait,
+        in_graph_event=args.in_graph_event,
     )
     trace = synthetic_trace(args.requests, seed=args.seed, prompts=args.prompts)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())

@@ -74,6 +74,14 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "the barrier, or only after the next step is launched (sglang #31072's shape)",
     )
     parser.add_argument(
+        "--in-graph-event",
+        choices=("persistent", "ring"),
+        default="persistent",
+        help="the captured graphs' read-done event: one persistent event re-armed by every "
+        "replay (default), or a ring of captured nodes, one graph per slot and bucket "
+        "(EngineConfig.in_graph_event)",
+    )
+    parser.add_argument(
         "--no-bindings",
         action="store_true",
         help="skip the binding audit (the overlap run checking which record each wait bound to)",
@@ -213,6 +221,7 @@ def _sanitize(
         sglang_fallback=args.sglang_fallback,
         bindings=not args.no_bindings,
         copy_wait=args.copy_wait,
+        in_graph_event=args.in_graph_event,
     )
 
 

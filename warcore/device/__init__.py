@@ -19,7 +19,7 @@ from ._base import (
     Stream,
     WaitBinding,
 )
-from ._ring import EventRing, RingTooShallow, records_in_flight
+from ._ring import EventRing, RingTooShallow, check_ring_depth, records_in_flight
 
 __all__ = [
     "DEVICE_NAMES",
@@ -34,6 +34,7 @@ __all__ = [
     "SpanSink",
     "Stream",
     "WaitBinding",
+    "check_ring_depth",
     "get_device",
     "records_in_flight",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ._base import Device, Event, Stream
 
-__all__ = ["EventRing", "RingTooShallow", "records_in_flight"]
+__all__ = ["EventRing", "RingTooShallow", "check_ring_depth", "records_in_flight"]
 
 
 class RingTooShallow(ValueError):
@@ -31,6 +31,16 @@ def records_in_flight(records_per_step: int, consumer_lag_steps: int) -> int:
     return 1 + records_per_step * consumer_lag_steps
 
 
+def check_ring_depth(depth: int, needed: int, publisher: str, what: str = "event ring") -> None:
+    """Refuse a ring of ``depth`` slots where ``needed`` records can be in flight, naming the
+    publisher (an event ring, or a graph runner's ring of captured record nodes)."""
+    if depth < needed:
+        raise RingTooShallow(
+            f"{publisher}: {what} depth {depth} is too shallow; it needs at least "
+            f"{needed} (the read-done records it can have in flight)"
+        )
+
+
 class EventRing:
     """``depth`` events, handed out in turn; :meth:`record` is the one way a publisher makes a
     read-done record (a scan test holds every publisher in the package to that)."""
@@ -38,11 +48,7 @@ class EventRing:
     __slots__ = ("_events", "_next", "depth", "publisher")
 
     def __init__(self, device: Device, depth: int, publisher: str, *, needed: int = 1) -> None:
-        if depth < needed:
-            raise RingTooShallow(
-                f"{publisher}: event ring depth {depth} is too shallow; it needs at least "
-                f"{needed} (the read-done records it can have in flight)"
-            )
+        check_ring_depth(depth, needed, publisher)
         self.depth = depth
         self.publisher = publisher
         self._events = [device.new_event() for _ in range(depth)]

@@ -12,12 +12,14 @@ from warcore.engine.scheduler import SchedulerConfig
 __all__ = [
     "COPY_WAITS",
     "FENCES",
+    "IN_GRAPH_EVENTS",
     "LOOPS",
     "MAX_MODELLED_S",
     "STAGINGS",
     "CopyWait",
     "EngineConfig",
     "Fence",
+    "InGraphEvent",
     "Loop",
     "Staging",
 ]
@@ -26,10 +28,12 @@ Fence = Literal["fine", "coarse", "none"]
 Loop = Literal["overlap", "serial"]
 CopyWait = Literal["none", "at-barrier", "after-next-launch"]
 Staging = Literal["ring", "fresh"]
+InGraphEvent = Literal["persistent", "ring"]
 FENCES: tuple[Fence, ...] = ("fine", "coarse", "none")
 LOOPS: tuple[Loop, ...] = ("overlap", "serial")
 COPY_WAITS: tuple[CopyWait, ...] = ("none", "at-barrier", "after-next-launch")
 STAGINGS: tuple[Staging, ...] = ("ring", "fresh")
+IN_GRAPH_EVENTS: tuple[InGraphEvent, ...] = ("persistent", "ring")
 
 
 MAX_MODELLED_S = 1.0
@@ -67,6 +71,12 @@ class EngineConfig:
     event_ring_depth: int | None = None
     """Events per publishing runner's ring (``None``: the depth its records in flight need,
     derived from the step and the consumers); a shallower one is refused at start-up."""
+    in_graph_event: InGraphEvent = "persistent"
+    """The read-done event a captured graph's record node records: ``persistent``, one
+    external event per graph runner that every replay re-arms (sglang 0.5.23's), or ``ring``,
+    one graph per ring slot and bucket, each captured with its own event, replay ``i`` running
+    slot ``i mod depth`` (the depth as the runner's event ring derives it), so a consumer that
+    waits later still binds to its own forward's record. See docs/event-lifetime.md."""
     staging: Staging = "ring"
     """How each forward's host inputs reach the device: through a ring of persistent (pinned,
     on CUDA) host buffers, as real engines do, or ``"fresh"`` host tensors every forward."""
@@ -93,6 +103,11 @@ class EngineConfig:
         ring = self.event_ring_depth
         if ring is not None and (not isinstance(ring, int) or isinstance(ring, bool) or ring < 1):
             raise ValueError(f"event_ring_depth must be an int >= 1, got {self.event_ring_depth!r}")
+        if self.in_graph_event not in IN_GRAPH_EVENTS:
+            raise ValueError(
+                f"unknown in_graph_event {self.in_graph_event!r}; valid: "
+                f"{', '.join(IN_GRAPH_EVENTS)}"
+            )
         if self.staging not in STAGINGS:
             raise ValueError(f"unknown staging {self.staging!r}; valid: {', '.join(STAGINGS)}")
         depth = self.staging_depth

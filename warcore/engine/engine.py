@@ -171,12 +171,16 @@ class Engine:
         waits right after the step it means; ``after-next-launch`` waits one step later, while
         the runner issues up to its forwards-per-step more records. A configured depth below
         that is refused, naming the runner and the depth it needs."""
-        lag = 1 if self.config.copy_wait == "after-next-launch" else 0
         for runner in self.runners:
-            per_step = records_per_step(self.step, runner.name, self.num_draft)
-            needed = records_in_flight(per_step, lag)
-            depth = self.config.event_ring_depth or needed
+            depth, needed = self._ring_depth(runner.name)
             runner.ring = EventRing(self.device, depth, f"runner {runner.name!r}", needed=needed)
+
+    def _ring_depth(self, runner: str) -> tuple[int, int]:
+        """(depth, needed) of ``runner``'s rings: its event ring's and, with
+        ``in_graph_event="ring"``, its graphs' ring of captured record nodes."""
+        lag = 1 if self.config.copy_wait == "after-next-launch" else 0
+        needed = records_in_flight(records_per_step(self.step, runner, self.num_draft), lag)
+        return self.config.event_ring_depth or needed, needed
 
     def _step_worker(self, algorithm: AlgorithmSpec, factory: Callable[..., object]) -> StepWorker:
         """The generic worker for the algorithm's step, with the draft model's runner group and
@@ -262,8 +266,16 @@ class Engine:
             draft=name == "draft",
             modelled_layer_s=cfg.modelled_layer_s,
         )
+        # The persistent in-graph event is the ring of depth 1 (nothing is refused for it: the
+        # binding audit reports a consumer that waits too late).
+        depth, needed = self._ring_depth(name) if cfg.in_graph_event == "ring" else (1, 1)
         return RunnerGroup(
-            runner, graph_modes, use_graphs=cfg.use_graphs, plant_node=cfg.plant_node
+            runner,
+            graph_modes,
+            use_graphs=cfg.use_graphs,
+            plant_node=cfg.plant_node,
+            node_ring_depth=depth,
+            node_ring_needed=needed,
         )
 
     def _host_reads(self, backend: AttentionBackend) -> dict[ForwardMode, SharedReadBoundary]:

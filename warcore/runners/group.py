@@ -22,13 +22,25 @@ class RunnerGroup:
         *,
         use_graphs: bool = True,
         plant_node: bool = True,
+        node_ring_depth: int = 1,
+        node_ring_needed: int = 1,
     ) -> None:
+        """``node_ring_depth``/``node_ring_needed``: each graph runner's ring of captured
+        record nodes and the depth its records in flight need (1, 1: the persistent event)."""
         self.runner = runner
         self.eager = EagerRunner(runner)
         buckets = default_buckets(runner.max_bs)
         self.graphs = (
             {
-                mode: GraphRunner(runner, mode, width, buckets, plant_node=plant_node)
+                mode: GraphRunner(
+                    runner,
+                    mode,
+                    width,
+                    buckets,
+                    plant_node=plant_node,
+                    node_ring_depth=node_ring_depth,
+                    node_ring_needed=node_ring_needed,
+                )
                 for mode, width in graph_modes.items()
             }
             if use_graphs
