@@ -172,7 +172,8 @@ def test_matrix_table_has_a_header_and_one_line_per_cell(
     starts = [
         i for i in range(len(header)) if header[i] != " " and (i == 0 or header[i - 2 : i] == "  ")
     ]
-    assert len(starts) == 11, header  # ... RECORD POINT, BECAUSE, EAGER, EVENT OWNER, HOST SLOT
+    # ... RECORD POINT, BECAUSE, EAGER, EVENT OWNER, HOST SLOT, PREFILL STAGING
+    assert len(starts) == 12, header
     for line in lines[1:]:
         assert all(line[i] != " " and (i == 0 or line[i - 1] == " ") for i in starts), line
 
@@ -181,7 +182,13 @@ def test_matrix_table_has_a_header_and_one_line_per_cell(
 def test_check_passes_on_the_clean_install() -> None:
     result = _warcore("check")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip() == "ok"
+    *staging, last = result.stdout.strip().splitlines()
+    assert last == "ok"
+    # Informational: each algorithm's prefill staging hook's answer (issue 20, stage then
+    # publish): the built-in eagle stages, the block drafters need none.
+    assert all(line.startswith("staging: algorithm ") for line in staging), staging
+    answers = {line.split("'")[1]: line.split("): ", 1)[1].split(" (")[0] for line in staging}
+    assert answers["eagle"] == "stages" and answers["dflash"] == "not needed", answers
 
 
 def test_malformed_environment_is_exit_2_with_one_line() -> None:
