@@ -232,3 +232,21 @@ def test_dflash_never_calls_a_stager() -> None:
     report = _run("wctest_dflash", fresh_manager(DflashWithStager()))
     assert calls == [] and report.staged_prefills == 0
     assert report.matches_serial is True
+
+
+def test_the_read_tracer_gives_the_staged_reads_to_the_draft_prompt_pass() -> None:
+    """Staged work runs before its forward begins: the tracer counts it as that forward's
+    first launches, never as work after the forward that ended before it."""
+    from warcore.audit.tracer import trace_reads
+
+    trace = trace_reads("trtllm_mha", "eagle", pm=fresh_manager(), requests=4, model=TINY_MODEL)
+    prompts = [f for f in trace.forwards if f.mode is ForwardMode.DRAFT_EXTEND]
+    assert len(prompts) > 1  # a later prefill too: one that follows another step's forwards
+    for f in prompts:
+        shared = {(r.buffer, r.label) for r in f.reads if not r.host}
+        assert ("req_to_token", "load_batch") in shared and (
+            "req_to_token",
+            "in_graph_init",
+        ) in shared
+        assert not any(r.after_record_point for r in f.reads)
+    assert not [r for f in trace.forwards for r in f.reads if r.after_forward]

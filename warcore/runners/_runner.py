@@ -77,6 +77,14 @@ class ForwardProbe:
         """
         return False
 
+    def begin_staging(self, runner: ModelRunner, step: StepInput) -> None:
+        """``runner`` is about to launch the staged shared reads of ``step``'s forward, which
+        begins later (stage, then publish); :meth:`end_staging` follows them. The work
+        launched in between (``wrap``) belongs to that later forward."""
+
+    def end_staging(self, runner: ModelRunner) -> None:
+        """The staged reads :meth:`begin_staging` announced have been launched."""
+
     def wrap(self, runner: ModelRunner, label: str, fn: Work) -> Work:
         """The runner is about to launch ``fn`` as work ``label`` of the current forward
         (``load_batch``, ``fill_inputs``, ``out_graph_init``, ``in_graph_init``, ``embed``,

@@ -35,8 +35,13 @@ class EagerRunner:
         reads the shared buffers only if its backend's layers do."""
         r = self.runner
         fb = self.static.view(step.forward_mode, step.batch_size, step.max_q)
+        probe = r.probe
+        if probe is not None:
+            probe.begin_staging(r, step)
         r.load_batch(replace(step, fill=None), fb)
         r.in_graph_init(fb)
+        if probe is not None:
+            probe.end_staging(r)
         self._staged = (step, fb)
 
     def run(self, step: StepInput) -> StepOutput:
