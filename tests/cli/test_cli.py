@@ -140,6 +140,21 @@ def test_matrix_modes_without_a_runner_publish_nothing(
             )  # fmt: skip
 
 
+def test_matrix_json_shows_each_algorithms_prefill_staging(
+    clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stage, then publish (issue 20): eagle's prefill publishes early only when staged, so
+    its static point is none and its staged point pre_replay; dflash's needs no staging."""
+    argv = ["matrix", "--json", "--backend", "trtllm_mha", "--mode", "EXTEND"]
+    assert cli.main([*argv, "--algorithm", "eagle,dflash"]) == 0
+    rows = {r["algorithm"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    eagle, dflash = rows["eagle"], rows["dflash"]
+    assert (eagle["prefill_staging"], eagle["record_point"]) == ("stages", "none")
+    assert eagle["staged_record_point"] == "pre_replay"
+    assert (dflash["prefill_staging"], dflash["staged_record_point"]) == ("not needed", "none")
+    assert dflash["record_point"] == "pre_replay"
+
+
 def test_matrix_flag_changes_the_trtllm_draft_extend_boundary(
     clean_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
