@@ -250,3 +250,23 @@ def test_the_read_tracer_gives_the_staged_reads_to_the_draft_prompt_pass() -> No
         ) in shared
         assert not any(r.after_record_point for r in f.reads)
     assert not [r for f in trace.forwards for r in f.reads if r.after_forward]
+
+
+def test_the_prefill_switches_close_the_staged_point_too() -> None:
+    """The prefill fast path switched off, or force-coarse: no early prefill, staged or not."""
+    from warcore.core import BoundaryContext, Execution, decide
+
+    pm = fresh_manager()
+    key = (RunnerKind.PREFILL, "trtllm_mha", ForwardMode.EXTEND, BoundaryContext("eagle"))
+
+    def staged_point() -> RecordPoint:
+        decision = decide(pm, *key, Execution.EAGER)
+        assert decision.record_point is RecordPoint.NONE  # unstaged: the coarse fence
+        return decision.stage_point
+
+    assert staged_point() is RecordPoint.PRE_REPLAY
+    pm.set_prefill_fast_path(False)
+    assert staged_point() is RecordPoint.NONE
+    pm.set_prefill_fast_path(True)
+    pm.set_force_coarse(True)
+    assert staged_point() is RecordPoint.NONE
