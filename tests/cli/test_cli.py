@@ -140,6 +140,21 @@ def test_matrix_modes_without_a_runner_publish_nothing(
             )  # fmt: skip
 
 
+def test_matrix_json_shows_each_algorithms_prefill_staging(
+    clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stage, then publish (issue 20): eagle's prefill publishes early only when staged, so
+    its static point is none and its staged point pre_replay; dflash's needs no staging."""
+    argv = ["matrix", "--json", "--backend", "trtllm_mha", "--mode", "EXTEND"]
+    assert cli.main([*argv, "--algorithm", "eagle,dflash"]) == 0
+    rows = {r["algorithm"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    eagle, dflash = rows["eagle"], rows["dflash"]
+    assert (eagle["prefill_staging"], eagle["record_point"]) == ("stages", "none")
+    assert eagle["staged_record_point"] == "pre_replay"
+    assert (dflash["prefill_staging"], dflash["staged_record_point"]) == ("not needed", "none")
+    assert dflash["record_point"] == "pre_replay"
+
+
 def test_matrix_flag_changes_the_trtllm_draft_extend_boundary(
     clean_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -172,7 +187,8 @@ def test_matrix_table_has_a_header_and_one_line_per_cell(
     starts = [
         i for i in range(len(header)) if header[i] != " " and (i == 0 or header[i - 2 : i] == "  ")
     ]
-    assert len(starts) == 11, header  # ... RECORD POINT, BECAUSE, EAGER, EVENT OWNER, HOST SLOT
+    # ... RECORD POINT, BECAUSE, EAGER, EVENT OWNER, HOST SLOT, PREFILL STAGING
+    assert len(starts) == 12, header
     for line in lines[1:]:
         assert all(line[i] != " " and (i == 0 or line[i - 1] == " ") for i in starts), line
 
@@ -181,7 +197,13 @@ def test_matrix_table_has_a_header_and_one_line_per_cell(
 def test_check_passes_on_the_clean_install() -> None:
     result = _warcore("check")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip() == "ok"
+    *staging, last = result.stdout.strip().splitlines()
+    assert last == "ok"
+    # Informational: each algorithm's prefill staging hook's answer (issue 20, stage then
+    # publish): the built-in eagle stages, the block drafters need none.
+    assert all(line.startswith("staging: algorithm ") for line in staging), staging
+    answers = {line.split("'")[1]: line.split("): ", 1)[1].split(" (")[0] for line in staging}
+    assert answers["eagle"] == "stages" and answers["dflash"] == "not needed", answers
 
 
 def test_malformed_environment_is_exit_2_with_one_line() -> None:

@@ -80,7 +80,10 @@ def test_each_step_publishes_at_its_last_shared_read(
         # The drafter's k decode steps per verify never publish: draft-extend reads later.
         assert _points(report, ForwardMode.DECODE) == {RecordPoint.NONE}
         assert report.published[(ForwardMode.DECODE, RecordPoint.NONE)] == 4 * verifies
-        assert report.barriers["fine"] == verifies
+        # ... and each prefill step whose draft reads the stager staged is fenced finely too.
+        assert report.barriers["fine"] == verifies + report.staged_prefills
+        staged = backend == "trtllm_mha"  # its prefill is PRE_REPLAY; torch_native's UNKNOWN
+        assert (report.staged_prefills > 0) == staged
 
 
 @pytest.mark.slow

@@ -210,7 +210,14 @@ class SanitizingWorker:
         if poison is not None:
             with self.device.use_stream(self.stream):
                 self.device.launch(poison.snapshot, "sanitizer_snapshot")
+        first = len(probe.records)
         out = self.inner.launch(step)
+        # The barrier's runner is known once the step launched: a staged prefill step's is the
+        # target's, whoever owns the algorithm's event (stage, then publish).
+        after = self.inner.mailbox
+        name = after.name if after is not None else ""
+        for record in probe.records[first:]:
+            record.mailbox = record.runner == name
         state = StepState(probe.step)
         probe.states.append(state)
         with self.device.use_stream(self.stream):

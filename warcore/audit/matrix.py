@@ -36,6 +36,7 @@ from warcore.core import (
     resolve_war_publish_phase,
     runner_kind_for,
 )
+from warcore.engine.steps import prefill_staging
 
 __all__ = [
     "ENGINE_NEUTRAL_ALGORITHMS",
@@ -44,6 +45,7 @@ __all__ = [
     "build_matrix",
     "find_notes",
     "find_problems",
+    "staging_lines",
     "model_differences",
     "undeclared_contract_modes",
 ]
@@ -92,6 +94,13 @@ class MatrixRow:
     host_reads: SharedReadBoundary | None = None
     """Until when the backend's kernels read the staged host buffers (its spec's
     ``host_reads``; ``None``: only the engine's own copies in ``load_batch`` read them)."""
+    staging: str = "-"
+    """The algorithm's staging hook's answer for its prefill
+    (:func:`warcore.engine.steps.prefill_staging`: ``stages``, ``none: prefill coarse``,
+    ``not needed``)."""
+    stage_point: RecordPoint = RecordPoint.NONE
+    """Where this prefill cell records for a batch the stager staged (``NONE``: staging
+    changes nothing here)."""
 
     @property
     def host_release(self) -> RecordPoint:
@@ -123,6 +132,8 @@ class MatrixRow:
             "event_owner_source": None if self.owner is None else self.owner.source,
             "host_reads": None if self.host_reads is None else self.host_reads.name,
             "host_release": self.host_release.value if self.runner is not None else None,
+            "prefill_staging": self.staging,
+            "staged_record_point": self.stage_point.value,
         }
 
 
@@ -183,6 +194,7 @@ def _row(
     runner = RUNNER_OF_MODE.get(mode)
     owner = cache.event_owner(context.algorithm, facts)
     host_reads = _host_reads(get_registry(pm).backend(backend), mode)
+    staging = prefill_staging(get_registry(pm).algorithm(context.algorithm))
     if runner is None:
         # Still resolve the answers: the declaration is worth showing, and `check` must see a
         # plugin that fails or conflicts in these modes too.
@@ -191,7 +203,7 @@ def _row(
         veto = resolve_fast_path_veto(mode, context, pm=pm)
         return MatrixRow(
             backend, mode, context.algorithm, None, declared, publish, RecordPoint.NONE,
-            NO_RUNNER, veto=veto, owner=owner, host_reads=host_reads,
+            NO_RUNNER, veto=veto, owner=owner, host_reads=host_reads, staging=staging,
         )  # fmt: skip
     # The same cache the runners use, so the matrix shows exactly what they would do.
     decision = cache[(runner, backend, mode, context, Execution.GRAPH_PLANTED)]
@@ -212,6 +224,8 @@ def _row(
         decision.refines_per_batch,
         owner,
         host_reads,
+        staging,
+        eager.stage_point,
     )
 
 
@@ -370,6 +384,25 @@ def find_notes(pm: WarcorePluginManager) -> list[str]:
     pair of answers, naming the algorithm pairs; then each backend that runs a contract mode on
     the coarse fence only because nothing declares it (:func:`undeclared_contract_modes`)."""
     return _model_notes(pm) + _contract_notes(pm)
+
+
+_STAGING_MEANS = {
+    "stages": "its prefill publishes early for each batch its prefill_shared_read_stager staged",
+    "none: prefill coarse": "its prefill reads shared buffers later and it offers no "
+    "prefill_shared_read_stager: its prefill keeps the coarse fence",
+    "not needed": "its prefill is its own last shared reader",
+}
+
+
+def staging_lines(pm: WarcorePluginManager) -> list[str]:
+    """``warcore check``'s ``staging:`` lines: per algorithm, its staging hook's answer
+    (:func:`warcore.engine.steps.prefill_staging`) and what it means. Informational."""
+    lines = []
+    for name, offer in sorted(get_registry(pm).algorithms.items()):
+        answer = prefill_staging(offer.spec)
+        means = _STAGING_MEANS.get(answer, "no step the reference engine knows")
+        lines.append(f"staging: algorithm {name!r} (plugin {offer.plugin!r}): {answer} ({means})")
+    return lines
 
 
 def undeclared_contract_modes(pm: WarcorePluginManager) -> dict[str, dict[ForwardMode, list[str]]]:

@@ -411,9 +411,29 @@ class ReadTracer(ForwardProbe):
         """The forward that ended last, while no other has begun: the step's work after it
         (``StepWorker`` wraps it through this probe) is traced as that forward's."""
         self._passed = False
+        self._staged: dict[str, ForwardTrace] = {}
+        """Runner -> the reads staged for its next forward (stage, then publish)."""
+        self._paused: tuple[ForwardTrace | None, ForwardTrace | None, bool] | None = None
+
+    def begin_staging(self, runner: ModelRunner, step: StepInput) -> None:
+        # Traced as the later forward's own first launches, not as work after the forward
+        # that ended last: a holder whose lists that forward's trace takes over.
+        self._paused = (self._current, self._ended, self._passed)
+        holder = ForwardTrace(-1, runner.name, step.forward_mode, None)  # type: ignore[arg-type]
+        self._staged[runner.name] = holder
+        self._current, self._ended, self._passed = holder, None, False
+
+    def end_staging(self, runner: ModelRunner) -> None:
+        if self._paused is not None:
+            self._current, self._ended, self._passed = self._paused
+            self._paused = None
 
     def begin(self, runner: ModelRunner, step: StepInput, decision: Decision) -> bool:
         self._current = ForwardTrace(len(self.forwards), runner.name, step.forward_mode, decision)
+        held = self._staged.pop(runner.name, None)
+        if held is not None and held.mode is step.forward_mode:
+            # The staged launches' work appends to these lists when it runs (on sim, later).
+            self._current.launches, self._current.reads = held.launches, held.reads
         self.forwards.append(self._current)
         self._ended = None
         self._passed = False

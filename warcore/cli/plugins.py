@@ -8,7 +8,13 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from warcore.audit.matrix import MatrixRow, build_matrix, find_notes, find_problems
+from warcore.audit.matrix import (
+    MatrixRow,
+    build_matrix,
+    find_notes,
+    find_problems,
+    staging_lines,
+)
 from warcore.cli._common import (
     Command,
     UsageError,
@@ -197,6 +203,8 @@ def _check_matched(
 def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
     runner = row.runner.value if row.runner is not None else "-"
     point = row.record_point.value + (" (per batch)" if row.per_batch else "")
+    if row.stage_point is not RecordPoint.NONE:
+        point += f" ({row.stage_point.value} if staged)"
     owner = "-" if row.owner is None else f"{row.owner.owner or 'none'} ({row.owner.source})"
     host = "-"
     if row.runner is not None:
@@ -216,6 +224,7 @@ def _matrix_cells(row: MatrixRow) -> tuple[str, ...]:
         row.eager_point.value if row.runner is not None else "-",
         owner,
         host,
+        row.staging,
     )
 
 
@@ -250,7 +259,7 @@ def _run_matrix(args: argparse.Namespace) -> int:
         )
         return 0
     headers = ("BACKEND", "MODE", "ALGORITHM", "BOUNDARY", "DECLARED BY", "RUNNER")
-    tail = ("RECORD POINT", "BECAUSE", "EAGER", "EVENT OWNER", "HOST SLOT")
+    tail = ("RECORD POINT", "BECAUSE", "EAGER", "EVENT OWNER", "HOST SLOT", "PREFILL STAGING")
     print_table((*headers, *tail), [_matrix_cells(r) for r in rows])
     return 0
 
@@ -269,10 +278,14 @@ def _run_check(args: argparse.Namespace) -> int:
         # Informational: a backend that models another engine's (BackendSpec.models) and
         # declares differently. Printed after the problems; never changes the exit status.
         notes = find_notes(pm)
+        # Informational too: each algorithm's prefill staging hook's answer (sglang #38554).
+        staging = staging_lines(pm)
     for problem in problems:
         print(problem)
     for note in notes:
         print(note)
+    for line in staging:
+        print(line)
     if not problems:
         print("ok")
     return 1 if problems else 0
@@ -286,7 +299,8 @@ MATRIX = Command(
 )
 CHECK = Command(
     "exit 1 with one line per problem (failed plugins, conflicts, unknown names); 'note:' "
-    "lines (a backend declaring differently from the one it models) never fail it",
+    "lines (a backend declaring differently from the one it models) and 'staging:' lines "
+    "(each algorithm's prefill staging hook) never fail it",
     _configure_check,
     _run_check,
 )

@@ -116,6 +116,12 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         "(EngineConfig.in_graph_event)",
     )
     parser.add_argument(
+        "--no-prefill-staging",
+        action="store_true",
+        help="never call the algorithm's prefill_shared_read_stager: a prefill whose step "
+        "reads shared buffers later (eagle) keeps the coarse fence (stage, then publish off)",
+    )
+    parser.add_argument(
         "--trace",
         metavar="FILE",
         help="write a Chrome/Perfetto trace of the run (host, forward and schedule streams, "
@@ -199,6 +205,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         schedule_work_s=args.schedule_ms / 1e3,
         copy_wait=args.copy_wait,
         in_graph_event=args.in_graph_event,
+        prefill_staging=not args.no_prefill_staging,
     )
     trace = synthetic_trace(args.requests, seed=args.seed, prompts=args.prompts)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
@@ -285,6 +292,9 @@ def format_report(report: RunReport) -> str:
         lines += [f"    request {rid}: {error}" for rid, error in shown]
         if len(report.errors) > _ERRORS_SHOWN:
             lines.append(f"    ... and {len(report.errors) - _ERRORS_SHOWN} more")
+    if report.staged_prefills:
+        lines.append(f"  prefill staging {report.staged_prefills} prefills staged (early publish)")
+    lines += [f"  prefill staging {problem}" for problem in report.stager_problems]
     lines += [f"  drafter         {problem}" for problem in report.drafter_problems]
     if report.matches_serial is not None:
         verdict = (

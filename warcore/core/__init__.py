@@ -9,7 +9,14 @@ module. :mod:`warcore` re-exports the part a plugin author needs.
 from ._boundary import Declared, Execution, RecordPoint, SharedReadBoundary, latest
 from ._cache import Decision, DecisionCache, DecisionKey, decide, get_decision_cache
 from ._config import ENV_DISABLE_PLUGINS, ENV_PLUGINS, LoaderConfig
-from ._decisions import RunnerKind, host_release_point, record_point, runner_kind_for
+from ._decisions import (
+    RunnerKind,
+    host_release_point,
+    last_shared_read_runner,
+    record_point,
+    runner_kind_for,
+    staged_prefill_point,
+)
 from ._diagnostics import PluginInfo, PluginValidationError
 from ._hookspecs import hookimpl, hookspec
 from ._manager import (
@@ -96,7 +103,9 @@ __all__ = [
     "decide",
     "get_decision_cache",
     "host_release_point",
+    "last_shared_read_runner",
     "record_point",
+    "staged_prefill_point",
     "resolve_fast_path_veto",
     "resolve_shared_read_boundary",
     "resolve_step_event_owner",

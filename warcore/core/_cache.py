@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from ._boundary import Execution, RecordPoint, SharedReadBoundary
-from ._decisions import RunnerKind
+from ._decisions import RunnerKind, staged_prefill_point
 from ._decisions import record_point as point_for
 from ._manager import WarcorePluginManager, get_plugin_manager
 from ._modes import ForwardMode
+from ._registry import get_registry
 from ._resolve import (
     BoundaryResolution,
     OwnerResolution,
@@ -68,6 +69,11 @@ class Decision:
     failure: PluginFailure | None = None
     """No decision settled: this plugin kept changing the plugin set while it was asked (see
     :data:`UNSETTLED_RESOLUTIONS`); the coarse fence."""
+    stage_point: RecordPoint = RecordPoint.NONE
+    """Where this prefill records for a batch whose later shared reads the algorithm's stager
+    staged (:func:`~warcore.core.staged_prefill_point`); ``NONE``: staging changes nothing."""
+    staged: bool = False
+    """This batch's stager staged the step's later reads: it records at ``stage_point``."""
 
     @property
     def refines_per_batch(self) -> bool:
@@ -87,6 +93,8 @@ class Decision:
             return self.veto.source
         if self.withdrawn:
             return f"per-batch:{self.declared.backend}"
+        if self.staged:
+            return f"staged:{self.publish.algorithm}"
         if self.kind is RunnerKind.DRAFT_DECODE and not self.publish.publishes:
             return "runner:draft-decode"
         if not self.publish.publishes and self.record_point is RecordPoint.NONE:
@@ -113,7 +121,20 @@ def decide(
         if veto.vetoed
         else point_for(kind, forward_mode, declared.boundary, publish.publishes, execution)
     )
-    return Decision(point, declared, publish, kind, veto)
+    stage = RecordPoint.NONE
+    if point is RecordPoint.NONE and not publish.publishes:
+        offer = get_registry(pm).algorithms.get(context.algorithm)
+        spec = offer.spec if offer is not None else None
+        step = spec.step if spec is not None else None
+        stage = staged_prefill_point(
+            kind,
+            forward_mode,
+            declared.boundary,
+            reads_later=step is not None and step.prefill_reads_later,
+            has_stager=spec is not None and spec.prefill_shared_read_stager is not None,
+            vetoed=veto.vetoed,
+        )
+    return Decision(point, declared, publish, kind, veto, stage_point=stage)
 
 
 class DecisionCache(dict["int | DecisionKey", Decision]):

@@ -16,7 +16,14 @@ import enum
 from ._boundary import Execution, RecordPoint, SharedReadBoundary
 from ._modes import ForwardMode
 
-__all__ = ["RunnerKind", "host_release_point", "record_point", "runner_kind_for"]
+__all__ = [
+    "RunnerKind",
+    "host_release_point",
+    "last_shared_read_runner",
+    "record_point",
+    "runner_kind_for",
+    "staged_prefill_point",
+]
 
 
 class RunnerKind(enum.Enum):
@@ -78,6 +85,37 @@ def record_point(
         pre = declared is SharedReadBoundary.PRE_REPLAY
         return RecordPoint.PRE_REPLAY if pre else RecordPoint.NONE
     return _honour(declared, execution)
+
+
+def staged_prefill_point(
+    kind: RunnerKind,
+    forward_mode: ForwardMode,
+    declared: SharedReadBoundary,
+    *,
+    reads_later: bool,
+    has_stager: bool,
+    vetoed: bool,
+) -> RecordPoint:
+    """Where the prefill runner records for a batch whose later shared reads were staged.
+
+    sglang #38554 (stage, then publish): an algorithm whose prefill has a later shared reader
+    on another runner (``reads_later``: EAGLE's draft prompt pass) publishes the early prefill
+    event only for a batch its ``prefill_shared_read_stager`` staged. That point is the one a
+    prefill that is its own step's last reader would get (``PRE_REPLAY`` for a ``PRE_REPLAY``
+    backend), and ``NONE`` for every other runner or mode, a veto (the prefill fast path
+    switched off included), an algorithm that reads nothing later (it needs no staging) or
+    one with no stager (it did not stage: the coarse fence, today's rule). Per batch the
+    runner uses this point only when the stager answered ``True``."""
+    if vetoed or not reads_later or not has_stager or kind is not RunnerKind.PREFILL:
+        return RecordPoint.NONE
+    return record_point(kind, forward_mode, declared, True, Execution.EAGER)
+
+
+def last_shared_read_runner(owner: str | None, *, prefill_staged: bool) -> str | None:
+    """The runner whose event the step's barrier takes: the target on a prefill step whose
+    later reads were staged (its early record is the step's fence, sglang #38169), else the
+    step's event owner (``None``: no owner, the coarse fence)."""
+    return "target" if prefill_staged else owner
 
 
 def _honour(declared: SharedReadBoundary, execution: Execution) -> RecordPoint:

@@ -239,6 +239,27 @@ class AlgorithmSpec:
     """The algorithm (usually another engine's, e.g. ``"sglang_eagle"``) this one models: a
     backend that ``models`` another is compared with it under this pair of algorithms too (see
     :attr:`BackendSpec.models`)."""
+    prefill_shared_read_stager: Callable[[Any], Callable[[Any], bool]] | None = None
+    """Stage, then publish (sglang #38554's ``ModelRunner.prefill_shared_read_stager``): for an
+    algorithm whose prefill reads the shared buffers later on another runner (its step's
+    prefill ends with the draft's ``DRAFT_EXTEND``, as EAGLE's), a factory the engine calls
+    once with its speculative worker (the reference engine's
+    :class:`warcore.engine.spec.StepWorker`); it returns the per-batch stager
+    ``stager(forward_batch) -> bool``. The target's prefill runner calls the stager with the
+    batch (a :class:`warcore.batch.ForwardBatch`, ``batch.host`` the step) before it decides
+    where to record: the stager performs, as device work on the forward stream, the shared
+    reads the later forwards of the step would make (into their private buffers) and answers
+    ``True`` only if it did. Then, and only for a ``PRE_REPLAY`` backend with the prefill
+    fast path on and no veto, the prefill publishes before its replay and the target owns
+    that step's event (sglang #38169). ``None`` (the default): it never stages, so its prefill
+    keeps the coarse fence. A stager that raises or answers anything but a bool counts as
+    ``False`` for that batch and is recorded in the run's report, naming the algorithm. The
+    built-in ``eagle`` offers :func:`warcore.engine.spec.stage_draft_extend`; a stager that
+    answers ``True`` without staging is what ``warcore sanitize`` catches (``later-forward``)::
+
+        AlgorithmSpec("my_eagle", "eagle", drafter=_draft_model, step=EAGLE_STEP,
+                      prefill_shared_read_stager=warcore.engine.spec.stage_draft_extend)
+    """
 
     def __post_init__(self) -> None:
         validate_name("algorithm", self.name)
@@ -248,6 +269,12 @@ class AlgorithmSpec:
             validate_name("modelled algorithm", self.models)
         if self.drafter is not None and not callable(self.drafter):
             raise TypeError(f"AlgorithmSpec {self.name!r}: drafter must be callable")
+        stager = self.prefill_shared_read_stager
+        if stager is not None and not callable(stager):
+            raise TypeError(
+                f"AlgorithmSpec {self.name!r}: prefill_shared_read_stager must be callable "
+                f"(a factory taking the engine's worker), got {stager!r}"
+            )
         if self.step is not None:
             if not isinstance(self.step, StepSpec):
                 raise TypeError(

@@ -176,6 +176,14 @@ class StepSpec:
         return frozenset(modes & PUBLISHING_MODES)
 
     @property
+    def prefill_reads_later(self) -> bool:
+        """The prefill's last shared reader runs on another runner than its first forward
+        (EAGLE's draft prompt pass after the target's ``EXTEND``): the prefill runner may
+        publish early only for a batch whose later reads the algorithm staged (sglang #38554,
+        :attr:`~warcore.AlgorithmSpec.prefill_shared_read_stager`)."""
+        return self.prefill_reader.runner != self.prefill[0].runner
+
+    @property
     def has_draft_model(self) -> bool:
         return any(p.runner == "draft" for p in (*self.prefill, *self.decode))
 

@@ -53,6 +53,12 @@ def _eagle_drafter(target: Any, num_draft: int, device: Any) -> Any:
     return DraftLlama(target.cfg, device)
 
 
+def _eagle_stager(worker: Any) -> Any:
+    from warcore.engine.spec import stage_draft_extend
+
+    return stage_draft_extend(worker)
+
+
 @hookimpl
 def warcore_speculative_algorithms() -> Iterable[AlgorithmSpec]:
     return [
@@ -64,6 +70,7 @@ def warcore_speculative_algorithms() -> Iterable[AlgorithmSpec]:
             drafter=_eagle_drafter,
             step=EAGLE_STEP,
             models="sglang_eagle",
+            prefill_shared_read_stager=_eagle_stager,
         ),
     ]
 

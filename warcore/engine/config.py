@@ -86,6 +86,11 @@ class EngineConfig:
     staging_guard: bool = True
     """Guard each slot with its forward's release event (vLLM V1's shape); ``False`` relies on
     the depth alone (vLLM V2's), which is sound only when it is at least the derived depth."""
+    prefill_staging: bool = True
+    """Stage, then publish (sglang #38554): call the algorithm's
+    ``prefill_shared_read_stager`` for each prefill batch whose step reads the shared buffers
+    later (EAGLE's draft prompt pass), so a staged batch may publish its early prefill event.
+    ``False`` never calls it: those prefills keep the coarse fence (no early publish)."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
     """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
     what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
@@ -131,6 +136,8 @@ class EngineConfig:
                     f"{name} must be at most {MAX_MODELLED_S:g} s (modelled device time per "
                     f"layer or step), got {value!r}"
                 )
+        if not isinstance(self.prefill_staging, bool):
+            raise ValueError(f"prefill_staging must be a bool, got {self.prefill_staging!r}")
         if not isinstance(self.flags, tuple):
             raise ValueError(f"flags must be a tuple of (name, value) pairs, got {self.flags!r}")
 

@@ -220,7 +220,7 @@ class Engine:
         if step.propose:
             made = build_drafter(algorithm.drafter, owner, self.model, self.num_draft, tdev)
             drafter = as_drafter(made, owner)
-        return StepWorker(
+        worker = StepWorker(
             name,
             step,
             self.target,
@@ -230,6 +230,31 @@ class Engine:
             max_context=self.pool.max_context,
             owner=owner,
         )
+        self._install_stager(algorithm, worker, owner)
+        return worker
+
+    def _install_stager(self, algorithm: AlgorithmSpec, worker: StepWorker, owner: str) -> None:
+        """Give the target's prefill runner the algorithm's per-batch stager (stage, then
+        publish), where its step reads later and staging is on; a factory that raises or
+        returns no callable is refused here, naming the algorithm."""
+        factory = algorithm.prefill_shared_read_stager
+        if factory is None or not self.config.prefill_staging or not self.step.prefill_reads_later:
+            return
+        try:
+            stager = factory(worker)
+        except Exception as exc:
+            raise ValueError(
+                f"{owner}: its prefill_shared_read_stager factory raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if not callable(stager):
+            raise ValueError(
+                f"{owner}: its prefill_shared_read_stager factory returned {stager!r}, not a "
+                "callable stager(forward_batch) -> bool"
+            )
+        runner = self.target.runner
+        runner.prefill_shared_read_stager = stager
+        runner.stager_owner = owner
 
     def _group(
         self,
@@ -450,6 +475,9 @@ class Engine:
         for runner in self.runners:
             runner.published.clear()
             runner.staging.stalls = 0
+            runner.stager_raised = {}
+            runner.staged_prefills = 0
+        self.step_worker.prefill_staged = False
         self.barriers.clear()
         self.bindings.clear()
         self._observer = obs
@@ -530,9 +558,17 @@ class Engine:
             accepted_drafts=stats.accepted,
             stopped=stopped,
             drafter_problems=drafter_problems,
+            stager_problems=self._stager_problems(),
+            staged_prefills=self.target.runner.staged_prefills,
             bindings=list(self.bindings),
             staging_stalls=sum(r.staging.stalls for r in self.runners),
         )
+
+    def _stager_problems(self) -> list[str]:
+        problems = self.target.runner.stager_problems()
+        for problem in problems:
+            self.pm.log_once(("stager", problem.split(":")[0]), logging.WARNING, problem)
+        return problems
 
     def _loop(self, sched: Scheduler, stats: _Collected, obs: EngineObserver) -> None:
         """Step after step until every request is served: schedule step N+1 and launch it,

@@ -38,6 +38,13 @@ class RunReport:
     """How the algorithm's drafter broke its contract in this run (invalid drafts replaced, a
     method that raised), one line each naming the algorithm and its plugin. The tokens are
     still correct: a wrong draft costs acceptance only."""
+    stager_problems: list[str] = field(default_factory=list)
+    """How the algorithm's ``prefill_shared_read_stager`` failed in this run (it raised, or
+    answered a non-bool), one line each naming the algorithm and its plugin; each such batch
+    counted as not staged (no early publish), so the tokens are unaffected."""
+    staged_prefills: int = 0
+    """Prefill forwards whose stager staged the step's later reads (they published early
+    where their decision allowed it)."""
     bindings: list[WaitBinding] = field(default_factory=list)
     """Every wait on a read-done event, in issue order: the forward it meant and the record
     it bound to (:func:`warcore.audit.bindings.audit_bindings` judges them)."""

@@ -26,11 +26,18 @@ from typing import Any, Protocol
 import torch
 
 from warcore.batch import ForwardBatch, RowState, StepInput
-from warcore.core import NUM_DRAFT, ForwardMode, Phase, StepFacts, StepSpec
+from warcore.core import (
+    NUM_DRAFT,
+    ForwardMode,
+    Phase,
+    StepFacts,
+    StepSpec,
+    last_shared_read_runner,
+)
 from warcore.engine.drafter import Drafter, DrafterError, DraftInput, TokenHistory, check_drafts
 from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
-__all__ = ["StepWorker", "Worker", "build_drafter", "feed_inputs"]
+__all__ = ["StepWorker", "Worker", "build_drafter", "feed_inputs", "stage_draft_extend"]
 
 
 class Worker(Protocol):
@@ -115,20 +122,25 @@ class StepWorker:
     # -- the event owner --------------------------------------------------------------------
     _owner_cache: object = None
     _owner_generation = -1
-    _owner: ModelRunner | None = None
+    _owner: str | None = None
+    prefill_staged = False
+    """The step launched last was a prefill whose later shared reads were staged, so its
+    target published early: that step's barrier takes the target's event (sglang #38169)."""
 
     @property
     def mailbox(self) -> ModelRunner | None:
-        """The owner's runner, resolved once per plugin set (the barrier asks every step: an
-        attribute check while nothing changed)."""
+        """The runner whose event the barrier takes after the step launched last: the owner's,
+        resolved once per plugin set (the barrier asks every step: an attribute check while
+        nothing changed), or the target's on a staged prefill step."""
         r = self.target.runner
         decisions = r.decisions
         generation = decisions.pm.generation  # read before resolving: a change re-resolves
         if self._owner_cache is not decisions or self._owner_generation != generation:
-            owner = decisions.event_owner(r.context.algorithm, self.facts).owner
-            self._owner = self.runner_named(owner)
+            self._owner = decisions.event_owner(r.context.algorithm, self.facts).owner
             self._owner_cache, self._owner_generation = decisions, generation
-        return self._owner
+        return self.runner_named(
+            last_shared_read_runner(self._owner, prefill_staged=self.prefill_staged)
+        )
 
     def runner_named(self, owner: str | None) -> ModelRunner | None:
         if owner == "target":
@@ -146,6 +158,10 @@ class StepWorker:
         for phase in self.spec.prefill if prefill else self.spec.decode:
             out = self._phase(phase, step, out)
         assert out is not None  # a runnable step always runs the target
+        # Its target published before the draft's prompt pass only if the stager staged it.
+        self.prefill_staged = (
+            prefill and self.spec.prefill_reads_later and out.record_point.publishes
+        )
         r = self.target.runner
         r.commit(out)
         if self.history is not None and self.drafter is not None:
@@ -176,6 +192,29 @@ class StepWorker:
         else:  # engine_problem() refuses every other phase before a worker is built
             raise ValueError(f"the reference engine cannot run phase {phase.describe()}")
         return target
+
+    # -- stage, then publish ----------------------------------------------------------------
+    def stage_draft_extend(self, batch: ForwardBatch) -> bool:
+        """EAGLE's ``prefill_shared_read_stager`` (sglang #38554, #35126): launch the shared
+        reads of the step's draft ``DRAFT_EXTEND`` now, before the target's prefill records its
+        read-done event: the draft runner's ``load_batch`` (the prompt's slots from
+        ``req_to_token``) and its backend's metadata init, into the draft's private batch and
+        metadata. The draft's forward then reads only those copies (with a backend whose
+        prompt-pass layers read only its metadata, as the built-in ones'; ``warcore sanitize``
+        checks it). ``False`` for a batch it cannot stage (no draft prompt pass)."""
+        draft, host = self.draft, batch.host
+        if (
+            draft is None
+            or host is None
+            or batch.forward_mode is not ForwardMode.EXTEND
+            or not any(
+                p.runner == "draft" and p.mode is ForwardMode.DRAFT_EXTEND
+                for p in self.spec.prefill
+            )
+        ):
+            return False
+        draft.stage(replace(host, forward_mode=ForwardMode.DRAFT_EXTEND, fill=None))
+        return True
 
     def _prompt_features(self, target: StepOutput) -> Callable[[ForwardBatch], None]:
         """Position p of the prompt gets the target hidden state of position p - 1."""
@@ -342,6 +381,13 @@ class StepWorker:
                 "the step went on with the drafts as they were (any draft is safe)"
             )
         return problems
+
+
+def stage_draft_extend(worker: StepWorker) -> Callable[[ForwardBatch], bool]:
+    """The ``prefill_shared_read_stager`` factory of the built-in ``eagle`` (and of any
+    algorithm whose prefill is the target's ``EXTEND`` then the draft's ``DRAFT_EXTEND``):
+    :meth:`StepWorker.stage_draft_extend` of the engine's worker."""
+    return worker.stage_draft_extend
 
 
 def _request_ids(step: StepInput) -> tuple[int, ...]:

@@ -38,6 +38,7 @@ __all__ = [
     "FAMILY_STEPS",
     "NONE_STEP",
     "engine_problem",
+    "prefill_staging",
     "records_per_step",
     "step_of",
 ]
@@ -77,6 +78,30 @@ FAMILY_STEPS: dict[str, StepSpec] = {"none": NONE_STEP, "eagle": EAGLE_STEP, "df
 def step_of(spec: AlgorithmSpec) -> StepSpec | None:
     """The step an algorithm runs: its own ``step``, else its family's, else ``None``."""
     return spec.step if spec.step is not None else FAMILY_STEPS.get(spec.family)
+
+
+STAGES = "stages"
+NO_STAGER = "none: prefill coarse"
+NOT_NEEDED = "not needed"
+
+
+def prefill_staging(spec: AlgorithmSpec) -> str:
+    """What an algorithm's staging hook (``AlgorithmSpec.prefill_shared_read_stager``, sglang
+    #38554) answers for its prefill, as ``warcore matrix`` and ``warcore check`` show it:
+
+    * ``stages``: its prefill reads the shared buffers later on another runner and it offers
+      a stager: a batch the stager staged publishes early (for a ``PRE_REPLAY`` backend);
+    * ``none: prefill coarse``: its prefill reads later and it offers no stager, so its
+      prefill keeps the coarse fence (sglang's default for custom algorithms);
+    * ``not needed``: its prefill is its own last reader (no stager is ever called);
+    * ``-``: no step the reference engine knows.
+    """
+    step = step_of(spec)
+    if step is None:
+        return "-"
+    if not step.prefill_reads_later:
+        return NOT_NEEDED
+    return STAGES if spec.prefill_shared_read_stager is not None else NO_STAGER
 
 
 # -- what the reference engine can run ----------------------------------------------------

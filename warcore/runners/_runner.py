@@ -77,6 +77,14 @@ class ForwardProbe:
         """
         return False
 
+    def begin_staging(self, runner: ModelRunner, step: StepInput) -> None:
+        """``runner`` is about to launch the staged shared reads of ``step``'s forward, which
+        begins later (stage, then publish); :meth:`end_staging` follows them. The work
+        launched in between (``wrap``) belongs to that later forward."""
+
+    def end_staging(self, runner: ModelRunner) -> None:
+        """The staged reads :meth:`begin_staging` announced have been launched."""
+
     def wrap(self, runner: ModelRunner, label: str, fn: Work) -> Work:
         """The runner is about to launch ``fn`` as work ``label`` of the current forward
         (``load_batch``, ``fill_inputs``, ``out_graph_init``, ``in_graph_init``, ``embed``,
@@ -233,6 +241,16 @@ class ModelRunner:
         self.host_reads = dict(backend.host_reads if host_reads is None else host_reads)
         self._host_release = RecordPoint.NONE
         self._host_releases: dict[tuple[ForwardMode, RecordPoint], RecordPoint] = {}
+        self.prefill_shared_read_stager: Callable[[ForwardBatch], bool] | None = None
+        """sglang #38554's hook: the algorithm's per-batch stager of the step's later shared
+        reads, called by this runner's prefill before it records (the engine sets it on the
+        target runner; see :meth:`stage_prefill`)."""
+        self.stager_owner = ""
+        """Who the stager is (``algorithm 'x' (plugin 'y')``), for its problems."""
+        self.stager_raised: dict[str, tuple[int, str]] = {}
+        """Kind (``raised``, ``non-bool``) -> (batches, the first message), since the last
+        reset: what the stager did wrong; each such batch counted as not staged."""
+        self.staged_prefills = 0
 
     def outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of ``fb``'s sampled tokens, last hidden states and sample indices."""
@@ -284,6 +302,12 @@ class ModelRunner:
         self._launch(
             lambda: backend.init_forward_metadata_out_graph(planned, in_capture), "out_graph_init"
         )
+
+    def fill_inputs(self, step: StepInput, fb: ForwardBatch) -> None:
+        """The step's ``fill`` alone (a staged forward's: its load ran at staging time)."""
+        if step.fill is not None:
+            fill = step.fill
+            self._launch(lambda: fill(fb), "fill_inputs")
 
     def in_graph_init(self, fb: ForwardBatch) -> None:
         backend = self.backend
@@ -363,6 +387,39 @@ class ModelRunner:
 
         with self.device.use_stream(self.forward_stream):
             self.device.launch(commit_rows, "commit")
+
+    # -- stage, then publish -------------------------------------------------------------
+    def stage_prefill(self, batch: ForwardBatch) -> bool:
+        """Ask the stager whether it staged ``batch``'s later shared reads. Only ``True`` is
+        a yes: what raises or answers a non-bool is recorded (:attr:`stager_raised`) and
+        counts as ``False`` for this batch, never raised into the engine."""
+        stager = self.prefill_shared_read_stager
+        if stager is None:
+            return False
+        try:
+            answer = stager(batch)
+        except Exception as exc:
+            self._stager_problem("raised", f"{type(exc).__name__}: {exc}")
+            return False
+        if not isinstance(answer, bool):
+            self._stager_problem("non-bool", f"answered {answer!r}, not a bool")
+            return False
+        self.staged_prefills += answer
+        return answer
+
+    def _stager_problem(self, kind: str, first: str) -> None:
+        n, seen = self.stager_raised.get(kind, (0, first))
+        self.stager_raised[kind] = (n + 1, seen)
+
+    def stager_problems(self) -> list[str]:
+        """One line per kind of stager failure since the last reset, naming its owner."""
+        owner = self.stager_owner or "the algorithm"
+        what = {"raised": "raised", "non-bool": "answered a non-bool"}
+        return [
+            f"{owner}: its prefill_shared_read_stager {what.get(kind, kind)} {n} time(s), "
+            f"first {first}; those prefills counted as not staged (no early publish)"
+            for kind, (n, first) in sorted(self.stager_raised.items())
+        ]
 
     # -- deciding and publishing ---------------------------------------------------------
     def decision_handle(self, mode: ForwardMode, execution: Execution) -> int:

@@ -54,6 +54,13 @@ class RunnerGroup:
         for graph in self.graphs.values():
             graph.capture_probe_graphs()
 
+    def stage(self, step: StepInput) -> None:
+        """Launch the shared reads of ``step``'s forward now; :meth:`run` with the same step
+        runs the rest (an eager forward: the prompt passes that are staged never replay)."""
+        r = self.runner
+        with r.device.use_stream(r.forward_stream):
+            self.eager.stage(step)
+
     def run(self, step: StepInput) -> StepOutput:
         r = self.runner
         with r.device.use_stream(r.forward_stream):
