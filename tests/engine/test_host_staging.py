@@ -86,12 +86,24 @@ def test_depth_is_derived_from_the_steps_in_flight() -> None:
     assert staging_depth(1) == 2
     assert staging_depth(5) == 10
     assert staging_depth(3, steps_in_flight=0) == 3
+    assert staging_depth(3, after_collect=1) == 7
     with pytest.raises(ValueError, match="forwards_per_step"):
         staging_depth(0)
     with Engine(EngineConfig(algorithm="eagle", num_draft=2, model=TINY_MODEL)) as engine:
         target, draft = engine.runners
         assert target.staging.depth == 2  # one verify a step
-        assert draft.staging.depth == 2 * 3  # two draft decodes and a draft-extend a step
+        # Two draft decodes and a draft-extend a step, and that draft-extend runs after the
+        # verify the host collects the step by.
+        assert draft.staging.depth == 2 * 3 + 1
+
+
+def test_eagle_at_the_derived_depth_never_waits_for_a_staging_slot() -> None:
+    """The host collects a step by the target's verify; the draft-extend after it may still
+    run when the step after next is staged, so a depth of 2 x forwards stalled on it."""
+    trace = synthetic_trace(32, seed=0)
+    with Engine(EngineConfig(algorithm="eagle", num_draft=4), device="sim") as engine:
+        report = engine.run(trace)
+        assert report.staging_stalls == 0, [(r.name, r.staging.depth) for r in engine.runners]
 
 
 def test_host_release_point_is_the_read_done_event_only_when_it_covers_the_host_reads() -> None:

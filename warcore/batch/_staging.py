@@ -30,17 +30,18 @@ if TYPE_CHECKING:
 __all__ = ["HostStaging", "StagedInputs", "staging_depth"]
 
 
-def staging_depth(forwards_per_step: int, steps_in_flight: int = 1) -> int:
+def staging_depth(forwards_per_step: int, steps_in_flight: int = 1, after_collect: int = 0) -> int:
     """Ring depth for a runner launching up to ``forwards_per_step`` forwards a step, with
     ``steps_in_flight`` steps launched and not yet collected when the host stages the next
-    one (1 for the overlap loop): the slot a new forward takes was last used by a forward of
-    a step the host has collected."""
-    if forwards_per_step < 1 or steps_in_flight < 0:
+    one (1 for the overlap loop), and ``after_collect`` of its forwards launched after the
+    output the host collects a step by (EAGLE's draft-extend after the verify): the slot a new
+    forward takes was last used by a forward the host has waited for."""
+    if forwards_per_step < 1 or steps_in_flight < 0 or after_collect < 0:
         raise ValueError(
-            f"staging depth needs forwards_per_step >= 1 and steps_in_flight >= 0, got "
-            f"{forwards_per_step} and {steps_in_flight}"
+            f"staging depth needs forwards_per_step >= 1, steps_in_flight >= 0 and "
+            f"after_collect >= 0, got {forwards_per_step}, {steps_in_flight} and {after_collect}"
         )
-    return (steps_in_flight + 1) * forwards_per_step
+    return (steps_in_flight + 1) * forwards_per_step + after_collect
 
 
 class HostStaging:

@@ -313,7 +313,9 @@ class Engine:
 
     def _staging(self, runner: str) -> HostStaging:
         """The host staging ring of ``runner``: deep enough for the forwards this runner
-        launches in a step, with one step in flight (the overlap loop's)."""
+        launches in a step, with one step in flight (the overlap loop's), plus those it
+        launches after the target's last forward: the host collects a step by the target's
+        output, so they may still be running when the step after next is staged."""
         cfg, step = self.config, self.step
 
         def forwards(phases: tuple[Phase, ...]) -> int:
@@ -323,7 +325,14 @@ class Engine:
                 if p.runner == runner
             )
 
-        required = staging_depth(max(1, forwards(step.decode), forwards(step.prefill)))
+        def after_target(phases: tuple[Phase, ...]) -> int:
+            last = max(i for i, p in enumerate(phases) if p.runner == "target")
+            return forwards(phases[last + 1 :])
+
+        required = staging_depth(
+            max(1, forwards(step.decode), forwards(step.prefill)),
+            after_collect=max(after_target(step.decode), after_target(step.prefill)),
+        )
         return HostStaging(
             cfg.scheduler.max_running,
             self.capacity,
