@@ -76,6 +76,15 @@ class EngineConfig:
     staging_guard: bool = True
     """Guard each slot with its forward's release event (vLLM V1's shape); ``False`` relies on
     the depth alone (vLLM V2's), which is sound only when it is at least the derived depth."""
+    hicache_host_tokens: int = 2048
+    """Host KV tier (engine flag ``hicache``): prompt positions of K/V it keeps in host
+    memory, least recently used prefixes evicted first."""
+    hicache_block: int = 4
+    """Host KV tier: prefixes are cached and matched in blocks of this many tokens."""
+    hicache_deferred_free: bool = True
+    """Host KV tier: a load-back into freed slots waits on the done event of the newest step
+    that may still touch them. ``False`` is a test setting (sglang before #36738: ordered
+    behind the schedule stream only), which races."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
     """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
     what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
@@ -98,6 +107,15 @@ class EngineConfig:
         depth = self.staging_depth
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ValueError(f"staging_depth must be an int >= 0 (0: derived), got {depth!r}")
+        for name in ("hicache_host_tokens", "hicache_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.hicache_host_tokens < self.hicache_block:
+            raise ValueError(
+                f"hicache_host_tokens ({self.hicache_host_tokens}) must hold at least one "
+                f"block (hicache_block {self.hicache_block})"
+            )
         if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
             raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:
