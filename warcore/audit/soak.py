@@ -103,9 +103,7 @@ def soak(
             key = (combo.backend, combo.algorithm)
             engine = engines.get(key)
             if engine is None:
-                config = EngineConfig(
-                    backend=combo.backend, algorithm=combo.algorithm, flags=flags
-                )
+                config = EngineConfig(backend=combo.backend, algorithm=combo.algorithm, flags=flags)
                 engine = engines[key] = Engine(config, device="sim", pm=pm)
             name = f"{combo.backend}/{combo.algorithm}"
             expected = plain.run(trace).outputs

@@ -134,7 +134,9 @@ class HostKVTier:
         if block < 1:
             raise ValueError(f"hicache block must be >= 1 token, got {block}")
         if host_tokens < block:
-            raise ValueError(f"hicache host_tokens must be >= its block ({block}), got {host_tokens}")
+            raise ValueError(
+                f"hicache host_tokens must be >= its block ({block}), got {host_tokens}"
+            )
         self.pool = pool
         self.device = device
         self.stream = stream

@@ -118,9 +118,7 @@ def synthetic_trace(
         raise ValueError(f"a synthetic trace has 0 to {MAX_TRACE_REQUESTS:,} requests, got {n!r}")
     rng = random.Random(seed)
     heads = random.Random(seed + 1)  # its own stream: the other kinds' traces are unchanged
-    shared = [
-        [heads.randrange(vocab_size) for _ in range(heads.randint(8, 16))] for _ in range(4)
-    ]
+    shared = [[heads.randrange(vocab_size) for _ in range(heads.randint(8, 16))] for _ in range(4)]
     step = 0
     requests = []
     for rid in range(n):
