@@ -108,16 +108,18 @@ def copy_order_problem(kind: str, toucher: int, behind: int) -> str | None:
 @dataclass
 class _Entry:
     key: tuple[int, ...]
-    host: list[int]
-    """Host token indices, one per cached position."""
+    blocks: list[int]
+    """Host blocks, one per ``block`` cached positions, in order."""
     keys: list[tuple[int, ...]] = field(default_factory=list)
     """The block-aligned prefixes indexed to this entry."""
 
 
 class HostKVTier:
     """The host KV tier of one engine (the target model's pool): ``host_tokens`` positions of
-    host K/V (pinned on CUDA), block-aligned prefix keys of ``block`` tokens, least recently
-    used entries evicted first. ``deferred_free=False`` drops the done-event wait (a test
+    host K/V (pinned on CUDA) in blocks of ``block`` tokens, block-aligned prefix keys, least
+    recently used entries evicted first. Host K/V is token-major (``[tokens, layers, heads,
+    dim]``), so each block is one contiguous pinned range: every copy is a non-blocking one,
+    with no host wait on CUDA either. ``deferred_free=False`` drops the done-event wait (a test
     setting: the load-back is then ordered behind the schedule stream only, sglang before
     #36738)."""
 
@@ -143,18 +145,18 @@ class HostKVTier:
         self.block = block
         self.deferred_free = deferred_free
         cfg = pool.cfg
-        shape = (cfg.layers, host_tokens, cfg.kv_heads, cfg.head_dim)
-        pin = device.name == "cuda"
-        self.host = [torch.zeros(shape, dtype=cfg.dtype, pin_memory=pin) for _ in range(4)]
-        """Host K, V, SWA K, SWA V: the pool's four K/V tensors, token-indexed."""
-        self.host_tokens = host_tokens
+        self.host_blocks = host_tokens // block
+        shape = (self.host_blocks * block, cfg.layers, cfg.kv_heads, cfg.head_dim)
+        self.pin = device.name == "cuda"
+        self.host = [torch.zeros(shape, dtype=cfg.dtype, pin_memory=self.pin) for _ in range(4)]
+        """Host K, V, SWA K, SWA V: the pool's four K/V tensors, token-major."""
         self.reset()
 
     def reset(self) -> None:
         """Empty the tier for a new run (runs compare with each other: no carried state)."""
         self.entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
         self.index: dict[tuple[int, ...], _Entry] = {}
-        self.free_host = list(range(self.host_tokens - 1, -1, -1))
+        self.free_blocks = list(range(self.host_blocks - 1, -1, -1))
         self.freed_at = [0] * self.pool.num_slots
         self.newest = 0
         self.done: dict[int, Event] = {}
@@ -203,9 +205,8 @@ class HostKVTier:
         """Queue the copy of the first ``length`` cached positions of ``prompt`` into
         ``slots`` / ``swa`` (this request's fresh slots); :meth:`issue` launches it."""
         entry = self.index[tuple(prompt[:length])]
-        host = torch.tensor(entry.host[:length], dtype=torch.int64)
-        dst = torch.tensor(slots[:length], dtype=torch.int64)
-        dst_swa = torch.tensor(swa[:length], dtype=torch.int64)
+        ranges = self._ranges(entry.blocks[: length // self.block])
+        dst, dst_swa = self._index(slots[:length]), self._index(swa[:length])
         toucher = slot_ready_step(self.freed_at, slots[:length])
         self._touchers.append(("load-back", toucher))
         if self.deferred_free:
@@ -215,10 +216,10 @@ class HostKVTier:
 
         def load() -> None:
             d, ds = dst.to(dev, non_blocking=True), dst_swa.to(dev, non_blocking=True)
-            pool.k[:, d] = hk[:, host].to(dev, non_blocking=True)
-            pool.v[:, d] = hv[:, host].to(dev, non_blocking=True)
-            pool.swa_k[:, ds] = hsk[:, host].to(dev, non_blocking=True)
-            pool.swa_v[:, ds] = hsv[:, host].to(dev, non_blocking=True)
+            pairs = ((hk, pool.k, d), (hv, pool.v, d), (hsk, pool.swa_k, ds), (hsv, pool.swa_v, ds))
+            for host, kv, idx in pairs:
+                parts = [host[a:b].to(dev, non_blocking=True) for a, b in ranges]
+                kv[:, idx] = torch.cat(parts).transpose(0, 1)
 
         self._work.append(load)
 
@@ -237,44 +238,62 @@ class HostKVTier:
         if known is not None:  # already cached: refresh it, copy nothing
             self.entries.move_to_end(known.key)
             return
-        host = self._host_tokens(length)
-        if host is None:
+        blocks = self._host_blocks(length // self.block)
+        if blocks is None:
             return
-        entry = _Entry(key, host)
+        entry = _Entry(key, blocks)
         self.entries[key] = entry
         for n in range(1, length // self.block + 1):
             k = key[: n * self.block]
             self.index[k] = entry
             entry.keys.append(k)
         self.stats.tokens_offloaded += length
-        src = torch.tensor(slots[:length], dtype=torch.int64)
-        src_swa = torch.tensor(swa[:length], dtype=torch.int64)
-        dst = torch.tensor(host, dtype=torch.int64)
+        src, src_swa = self._index(slots[:length]), self._index(swa[:length])
+        ranges = self._ranges(blocks)
         pool, (hk, hv, hsk, hsv) = self.pool, self.host
         dev = pool.k.device
 
         def offload() -> None:
             s, ss = src.to(dev, non_blocking=True), src_swa.to(dev, non_blocking=True)
-            hk[:, dst] = pool.k[:, s].cpu()
-            hv[:, dst] = pool.v[:, s].cpu()
-            hsk[:, dst] = pool.swa_k[:, ss].cpu()
-            hsv[:, dst] = pool.swa_v[:, ss].cpu()
+            pairs = ((hk, pool.k, s), (hv, pool.v, s), (hsk, pool.swa_k, ss), (hsv, pool.swa_v, ss))
+            for host, kv, idx in pairs:
+                gathered = kv[:, idx].transpose(0, 1).contiguous()  # [tokens, layers, ...]
+                at = 0
+                for a, b in ranges:
+                    host[a:b].copy_(gathered[at : at + b - a], non_blocking=True)
+                    at += b - a
 
         self._work.append(offload)
         self._touchers.append(("offload", written))
 
-    def _host_tokens(self, n: int) -> list[int] | None:
-        """``n`` free host positions, evicting least recently used entries for them."""
-        while len(self.free_host) < n and self.entries:
+    def _host_blocks(self, n: int) -> list[int] | None:
+        """``n`` free host blocks, evicting least recently used entries for them (copies
+        still queued from an evicted entry run first: one stream, in order)."""
+        while len(self.free_blocks) < n and self.entries:
             _, old = self.entries.popitem(last=False)
             for k in old.keys:
                 if self.index.get(k) is old:
                     del self.index[k]
-            self.free_host.extend(old.host)
+            self.free_blocks.extend(old.blocks)
             self.stats.evictions += 1
-        if len(self.free_host) < n:
+        if len(self.free_blocks) < n:
             return None
-        return [self.free_host.pop() for _ in range(n)]
+        return [self.free_blocks.pop() for _ in range(n)]
+
+    def _ranges(self, blocks: list[int]) -> list[tuple[int, int]]:
+        """Host token ranges of ``blocks``, adjacent ones merged (fewer, larger copies)."""
+        out: list[tuple[int, int]] = []
+        for blk in blocks:
+            a, b = blk * self.block, (blk + 1) * self.block
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        return out
+
+    def _index(self, values: list[int]) -> torch.Tensor:
+        t = torch.tensor(values, dtype=torch.int64)
+        return t.pin_memory() if self.pin else t
 
     def issue(self, schedule_stream: Stream) -> None:
         """Launch the queued copies on the tier's stream, behind the schedule stream's writes
