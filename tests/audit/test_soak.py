@@ -33,4 +33,3 @@ def test_a_bounded_soak_with_the_host_kv_tier_is_clean_and_loads_back() -> None:
     assert report.prefix_hits > 0 and report.tokens_loaded > 0 and report.copies_checked > 0
     assert "host KV tier" in report.format()
     assert report.clean, report.format()
-
