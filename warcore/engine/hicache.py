@@ -223,15 +223,18 @@ class HostKVTier:
 
         self._work.append(load)
 
-    def released(self, rid: int, prompt: list[int], slots: list[int], swa: list[int]) -> None:
+    def released(
+        self, rid: int, prompt: list[int], slots: list[int], swa: list[int], *, offload: bool = True
+    ) -> None:
         """A request's slots go back to the pool: tag them with the newest launched step and
-        queue the offload of its prompt KV (write-through; the copy is launched by
-        :meth:`issue`, before any load-back the same step queues into these slots)."""
+        (``offload``: it was served) queue the offload of its prompt KV (write-through; the
+        copy is launched by :meth:`issue`, before any load-back the same step queues into
+        these slots)."""
         for s in slots:
             self.freed_at[s] = self.newest
         written = self.prefilled.pop(rid, self.newest)
         length = min(len(prompt), len(slots)) // self.block * self.block
-        if length == 0:
+        if length == 0 or not offload:
             return
         key = tuple(prompt[:length])
         known = self.index.get(key)

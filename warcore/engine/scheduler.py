@@ -224,8 +224,9 @@ class Scheduler:
         self.running.remove(req)
         self.reserved -= req.kv_budget(self.num_draft) - len(req.slots)
         self.free_rows.append(req.row)
-        if self.tier is not None and req.error is None:
-            self.tier.released(req.rid, req.prompt, req.slots, req.swa_slots)
+        if self.tier is not None:
+            offload = req.error is None
+            self.tier.released(req.rid, req.prompt, req.slots, req.swa_slots, offload=offload)
         self.free_slots.extend(reversed(req.slots))
         self.free_swa.extend(reversed(req.swa_slots))
         self._mapping_clears += req.slots
