@@ -111,8 +111,8 @@ def test_the_prefill_reads_the_loaded_kv_instead_of_recomputing_it(
         assert tier is not None
         released = tier.released
 
-        def poisoned(*args: Any) -> None:
-            released(*args)
+        def poisoned(*args: Any, **kwargs: Any) -> None:
+            released(*args, **kwargs)
             tier._work.append(lambda: [t.fill_(3.0) for t in tier.host])
 
         tier.released = poisoned  # type: ignore[method-assign]
