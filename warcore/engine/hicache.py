@@ -256,7 +256,7 @@ class HostKVTier:
         pool, (hk, hv, hsk, hsv) = self.pool, self.host
         dev = pool.k.device
 
-        def offload() -> None:
+        def copy_out() -> None:
             s, ss = src.to(dev, non_blocking=True), src_swa.to(dev, non_blocking=True)
             pairs = ((hk, pool.k, s), (hv, pool.v, s), (hsk, pool.swa_k, ss), (hsv, pool.swa_v, ss))
             for host, kv, idx in pairs:
@@ -266,7 +266,7 @@ class HostKVTier:
                     host[a:b].copy_(gathered[at : at + b - a], non_blocking=True)
                     at += b - a
 
-        self._work.append(offload)
+        self._work.append(copy_out)
         self._touchers.append(("offload", written))
 
     def _host_blocks(self, n: int) -> list[int] | None:
