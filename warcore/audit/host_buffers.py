@@ -38,8 +38,15 @@ from warcore.runners import ForwardProbe, ModelRunner, Work
 
 if TYPE_CHECKING:
     from warcore.engine import EngineConfig, Request
+    from warcore.engine.hicache import PrefixCacheStats
 
-__all__ = ["HostBufferReport", "HostBufferViolation", "sanitize_host_buffers"]
+__all__ = [
+    "HostBufferReport",
+    "HostBufferViolation",
+    "HostKVTierReport",
+    "sanitize_host_buffers",
+    "sanitize_host_kv_tier",
+]
 
 BEFORE_COPY = "before its own copy (depth-only ring shallower than the steps in flight)"
 
@@ -221,3 +228,40 @@ def _difference(c: _Forward, p: _Forward) -> str | None:
         if a.shape != b.shape or not torch.equal(a, b):
             return f"{name} differ"
     return None
+
+
+@dataclass
+class HostKVTierReport:
+    """The host KV tier's copies in one overlap run: each judged against the fences the
+    engine actually took (:func:`~warcore.engine.hicache.copy_order_problem`)."""
+
+    stats: PrefixCacheStats
+    unordered: list[str] = field(default_factory=list)
+    """Copies not ordered behind the last forward touching their slots (the first 20)."""
+
+    @property
+    def clean(self) -> bool:
+        return not self.unordered
+
+
+def sanitize_host_kv_tier(
+    config: EngineConfig,
+    requests: Sequence[Request],
+    *,
+    pm: WarcorePluginManager | None = None,
+) -> HostKVTierReport:
+    """Serve ``requests`` with the host KV tier on (the ``hicache`` flag added to ``config``'s
+    flags) on ``sim``, and report every offload or load-back its stream was not ordered
+    behind the forwards touching its slots. Host bookkeeping of the fences taken, not a race:
+    the verdict is the same in every run of the same trace and configuration."""
+    from dataclasses import replace
+
+    from warcore.engine import Engine
+
+    pm = pm if pm is not None else get_plugin_manager()
+    flags = tuple(f for f in config.flags if f[0] != "hicache") + (("hicache", True),)
+    with Engine(replace(config, flags=flags), device="sim", pm=pm) as engine:
+        report = engine.run(list(requests))
+    stats = report.prefix_cache
+    assert stats is not None  # the flag is on
+    return HostKVTierReport(stats, list(stats.unordered))

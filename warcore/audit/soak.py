@@ -33,6 +33,12 @@ class SoakReport:
     errors: list[str] = field(default_factory=list)
     per_combination: Counter[str] = field(default_factory=Counter)
     elapsed_s: float = 0.0
+    hicache: bool = False
+    """The overlap engines ran with the host KV tier (``hicache``) on."""
+    prefix_lookups: int = 0
+    prefix_hits: int = 0
+    tokens_loaded: int = 0
+    copies_checked: int = 0
 
     @property
     def clean(self) -> bool:
@@ -48,6 +54,12 @@ class SoakReport:
             f"{len(self.violations)} violations",
             f"  overlap vs serial {len(self.mismatches)} token mismatches",
         ]
+        if self.hicache:
+            lines.append(
+                f"  host KV tier      {self.prefix_hits}/{self.prefix_lookups} prefills hit, "
+                f"{self.tokens_loaded} tokens loaded back, {self.copies_checked} copies "
+                "checked for order"
+            )
         lines += [f"  VIOLATION {v}" for v in self.violations[:5]]
         lines += [f"  MISMATCH {m}" for m in self.mismatches[:5]]
         lines += [f"  ERROR {e}" for e in self.errors[:5]]
@@ -62,7 +74,12 @@ def soak(
     requests_per_segment: int = 24,
     pm: WarcorePluginManager | None = None,
     progress: bool = False,
+    hicache: bool = False,
 ) -> SoakReport:
+    """``hicache``: the overlap engines run with the host KV tier on, over traces whose prompts
+    share prefixes (``prompts="shared"``), so load-backs happen; the oracle stays plain serial
+    decoding without the tier, and each copy the tier makes that is not ordered behind the
+    forwards touching its slots is a violation."""
     from warcore.audit.sanitizer import combinations, sanitize
     from warcore.core import get_plugin_manager
     from warcore.engine import Engine, EngineConfig
@@ -73,7 +90,8 @@ def soak(
         raise ValueError(f"--requests must be at least 1, got {requests_per_segment}")
     pm = pm if pm is not None else get_plugin_manager()
     combos = [c for c in combinations(pm) if c.skipped is None]
-    report = SoakReport()
+    report = SoakReport(hicache=hicache)
+    flags: tuple[tuple[str, bool | int | str], ...] = (("hicache", True),) if hicache else ()
     engines: dict[tuple[str, str], Engine] = {}
     plain: Engine | None = None
     start = time.perf_counter()
@@ -81,11 +99,11 @@ def soak(
         plain = Engine(EngineConfig(loop="serial"), device="sim", pm=pm)
         while report.steps < steps:
             combo = combos[report.segments % len(combos)]
-            trace = _segment_trace(seed + report.segments, requests_per_segment)
+            trace = _segment_trace(seed + report.segments, requests_per_segment, hicache)
             key = (combo.backend, combo.algorithm)
             engine = engines.get(key)
             if engine is None:
-                config = EngineConfig(backend=combo.backend, algorithm=combo.algorithm)
+                config = EngineConfig(backend=combo.backend, algorithm=combo.algorithm, flags=flags)
                 engine = engines[key] = Engine(config, device="sim", pm=pm)
             name = f"{combo.backend}/{combo.algorithm}"
             expected = plain.run(trace).outputs
@@ -99,6 +117,15 @@ def soak(
             wrong = sorted(rid for rid, out in served.outputs.items() if out != expected[rid])
             if wrong:
                 report.mismatches.append(f"{name} segment {report.segments}: requests {wrong}")
+            pc = served.prefix_cache
+            if pc is not None:
+                report.prefix_lookups += pc.lookups
+                report.prefix_hits += pc.hits
+                report.tokens_loaded += pc.tokens_loaded
+                report.copies_checked += pc.copies_checked
+                report.violations += [
+                    f"{name} segment {report.segments}: {u}" for u in pc.unordered
+                ]
             audit = sanitize(combo.backend, combo.algorithm, pm=pm, requests=trace)
             report.forwards_checked += audit.checked
             if audit.violation is not None:
@@ -116,9 +143,11 @@ def soak(
     return report
 
 
-def _segment_trace(seed: int, n: int) -> list[Request]:
-    """Traces differ in arrival pressure too: some segments queue, some trickle."""
+def _segment_trace(seed: int, n: int, hicache: bool = False) -> list[Request]:
+    """Traces differ in arrival pressure too: some segments queue, some trickle. With the host
+    KV tier, prompts share prefixes (the tier has something to load back)."""
     from warcore.engine import synthetic_trace
 
     gap = (0.3, 1.5, 3.0)[seed % 3]
-    return synthetic_trace(n, seed=seed, output_len=(1, 24), mean_gap_steps=gap)
+    prompts = "shared" if hicache else "random"
+    return synthetic_trace(n, seed=seed, output_len=(1, 24), mean_gap_steps=gap, prompts=prompts)

@@ -47,6 +47,9 @@ class StepInput:
     request_ids: tuple[int, ...] | None = None
     """The request in each row (real requests only; padding adds none), when the engine says:
     the speculative worker hands them to the algorithm's drafter."""
+    cached: list[int] | None = None
+    """Prefill with the host KV tier: per request, the leading prompt positions whose KV was
+    loaded back into its slots; the target's prefill reads that KV and does not rewrite it."""
 
     @property
     def batch_size(self) -> int:
@@ -68,6 +71,7 @@ class StepInput:
             q_lens=self.q_lens + [0] * extra,
             prompt_ids=prompts,
             kv_lens=None if self.kv_lens is None else self.kv_lens + [0] * extra,
+            cached=None if self.cached is None else self.cached + [0] * extra,
         )
 
 

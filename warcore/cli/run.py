@@ -48,10 +48,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     add_number(parser, "--seed", SEED, 0, "trace seed")
     parser.add_argument(
         "--prompts",
-        choices=("random", "repetitive"),
+        choices=("random", "repetitive", "shared"),
         default="random",
-        help="trace prompts: random tokens, or each a repeated short motif (what prompt "
-        "lookup, --algorithm ngram, finds)",
+        help="trace prompts: random tokens, each a repeated short motif (what prompt "
+        "lookup, --algorithm ngram, finds), or one of four shared prefixes then random tokens "
+        "(what the host KV tier, --flag hicache, finds)",
     )
     add_number(
         parser,
@@ -281,6 +282,12 @@ def format_report(report: RunReport) -> str:
     lines += [f"    {f.describe()}" for f in audit_bindings(report.bindings)]
     staging = "fresh host tensors" if cfg.staging == "fresh" else "persistent ring"
     lines.append(f"  host staging    {staging}, {report.staging_stalls} stalls")
+    pc = report.prefix_cache
+    if pc is not None:
+        lines.append(f"  prefix cache    {pc.format()}")
+        order = f"{pc.copies_checked} copies checked, {len(pc.unordered)} unordered"
+        lines.append(f"  host KV copies  {order}")
+        lines += [f"    UNORDERED {problem}" for problem in pc.unordered[:_ERRORS_SHOWN]]
     if report.verifies:
         lines.append(
             f"  acceptance      {report.mean_accepted:.2f} draft tokens accepted per verify "

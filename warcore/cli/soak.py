@@ -28,13 +28,23 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     add_number(parser, "--seed", SEED, 0, "seed of the first segment")
     add_number(parser, "--requests", REQUESTS, 24, "requests per segment")
     parser.add_argument("--progress", action="store_true", help="a line per segment")
+    parser.add_argument(
+        "--hicache",
+        action="store_true",
+        help="overlap engines with the host KV tier on (engine flag hicache), over traces "
+        "whose prompts share prefixes",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     plugin_manager()
     try:
         report = soak(
-            args.steps, seed=args.seed, requests_per_segment=args.requests, progress=args.progress
+            args.steps,
+            seed=args.seed,
+            requests_per_segment=args.requests,
+            progress=args.progress,
+            hicache=args.hicache,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

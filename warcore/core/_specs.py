@@ -372,7 +372,13 @@ CORE_FLAGS: dict[str, FlagSpec] = {
         ),
         # Host/storage KV offload (sglang's hierarchical cache, its storage backend, LMCache):
         # each one vetoes the prefill fast path (the built-in plugin's veto).
-        FlagSpec("hicache", bool, False, "hierarchical KV cache on: vetoes the prefill fast path"),
+        FlagSpec(
+            "hicache",
+            bool,
+            False,
+            "hierarchical KV cache on: vetoes the prefill fast path; the reference engine runs "
+            "its host KV tier (a prefix cache in host memory)",
+        ),
         FlagSpec(
             "hicache_storage", bool, False, "hierarchical cache storage backend on: vetoes prefill"
         ),

@@ -91,6 +91,15 @@ class EngineConfig:
     ``prefill_shared_read_stager`` for each prefill batch whose step reads the shared buffers
     later (EAGLE's draft prompt pass), so a staged batch may publish its early prefill event.
     ``False`` never calls it: those prefills keep the coarse fence (no early publish)."""
+    hicache_host_tokens: int = 2048
+    """Host KV tier (engine flag ``hicache``): prompt positions of K/V it keeps in host
+    memory, least recently used prefixes evicted first."""
+    hicache_block: int = 4
+    """Host KV tier: prefixes are cached and matched in blocks of this many tokens."""
+    hicache_deferred_free: bool = True
+    """Host KV tier: a load-back into freed slots waits on the done event of the newest step
+    that may still touch them. ``False`` is a test setting (sglang before #36738: ordered
+    behind the schedule stream only), which races."""
     flags: tuple[tuple[str, bool | int | str], ...] = ()
     """Engine flags as (name, value) pairs: only declared flags (the core's ``CORE_FLAGS`` and
     what plugins declare through ``warcore_engine_flags``), each value of its flag's kind;
@@ -118,6 +127,15 @@ class EngineConfig:
         depth = self.staging_depth
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ValueError(f"staging_depth must be an int >= 0 (0: derived), got {depth!r}")
+        for name in ("hicache_host_tokens", "hicache_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.hicache_host_tokens < self.hicache_block:
+            raise ValueError(
+                f"hicache_host_tokens ({self.hicache_host_tokens}) must hold at least one "
+                f"block (hicache_block {self.hicache_block})"
+            )
         if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
             raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:

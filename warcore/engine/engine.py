@@ -51,6 +51,7 @@ from warcore.device import (
 )
 from warcore.engine.config import EngineConfig
 from warcore.engine.drafter import DrafterError, as_drafter
+from warcore.engine.hicache import HostKVTier
 from warcore.engine.model import TinyLlama
 from warcore.engine.observe import EngineObserver
 from warcore.engine.report import RunReport
@@ -155,6 +156,17 @@ class Engine:
         """Every wait on a read-done event in the run (the barrier's, the copy consumer's):
         the forward it meant and the record it bound to (see :mod:`warcore.audit.bindings`)."""
         self.copy_stream = self.device.new_stream("copy") if cfg.copy_wait != "none" else None
+        self.tier: HostKVTier | None = None
+        """The host KV tier, when the ``hicache`` flag is on (see :mod:`warcore.engine.hicache`)."""
+        if self.context.flag("hicache"):
+            self.tier = HostKVTier(
+                self.pool,
+                self.device,
+                self.device.new_stream("hicache"),
+                host_tokens=cfg.hicache_host_tokens,
+                block=cfg.hicache_block,
+                deferred_free=cfg.hicache_deferred_free,
+            )
         self._deferred: tuple[Event, ForwardId | None] | None = None
         self._launches = 0
         self._observer: EngineObserver = _NO_OBSERVER
@@ -364,12 +376,18 @@ class Engine:
     # -- one step -------------------------------------------------------------------------
     def launch(self, scheduled: Scheduled) -> StepOutput:
         self.forward_stream.wait_stream(self.schedule_stream)  # RAW: read what was written
+        tier = self.tier
+        if tier is not None:
+            # RAW on what the load-back wrote; WAR on the slots the offload still reads.
+            self.forward_stream.wait_stream(tier.stream)
         self._release_rows()
         step = replace(scheduled.step, request_ids=tuple(r.rid for r in scheduled.requests))
         self._launches += 1
         for runner in self.runners:
             runner.step_index = self._launches
         out = self.worker.launch(step)
+        if tier is not None:
+            tier.launched(self._launches, self.forward_stream.record_event())
         self._copy_wait_deferred()
         return out
 
@@ -405,6 +423,8 @@ class Engine:
             self.schedule_stream.wait_stream(self.forward_stream)
             kind = "coarse"
         self.barriers[kind] += 1
+        if self.tier is not None and kind != "none":
+            self.tier.fenced(self._launches, whole=kind == "coarse")
         if event is not None and self.copy_stream is not None:
             if self.config.copy_wait == "at-barrier":
                 self._copy_wait(event, meant)
@@ -480,7 +500,10 @@ class Engine:
             self.config.scheduler,
             num_draft=self.num_draft,
             work_s=self.config.schedule_work_s,
+            tier=self.tier,
         )
+        if self.tier is not None:
+            self.tier.reset()
         for runner in self.runners:
             runner.published.clear()
             runner.staging.stalls = 0
@@ -570,6 +593,7 @@ class Engine:
             stager_problems=self._stager_problems(),
             staged_prefills=self.target.runner.staged_prefills,
             bindings=list(self.bindings),
+            prefix_cache=None if self.tier is None else replace(self.tier.stats),
             staging_stalls=sum(r.staging.stalls for r in self.runners),
         )
 
@@ -644,6 +668,8 @@ class Engine:
         t0 = time.perf_counter()
         if wait_all:
             self.device.synchronize()
+            if self.tier is not None:  # the host waited for everything launched
+                self.tier.fenced(self._launches, whole=True)
         stats.collect(sched, *launched)
         obs.host_span("collect", t0, time.perf_counter(), {})
 

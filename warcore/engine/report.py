@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from warcore.core import ForwardMode, RecordPoint
 from warcore.device import WaitBinding
 from warcore.engine.config import EngineConfig
+from warcore.engine.hicache import PrefixCacheStats
 
 __all__ = ["RunReport", "compare_with_serial"]
 
@@ -53,6 +54,8 @@ class RunReport:
     or requests failed in either run: see :func:`compare_with_serial`)."""
     serial_errors: int = 0
     """Requests that failed in the serial run this one was compared with."""
+    prefix_cache: PrefixCacheStats | None = None
+    """The host KV tier's lookups, hits and copies (``None``: the ``hicache`` flag is off)."""
     staging_stalls: int = 0
     """Forwards whose host staging slot was still unreleased, so the host waited for it
     (a guarded ring shallower than the steps in flight); 0 at the derived depth."""

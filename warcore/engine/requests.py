@@ -90,7 +90,7 @@ class Request:
         return Request(self.rid, list(self.prompt), self.max_new_tokens, self.arrival_step)
 
 
-PROMPT_KINDS = ("random", "repetitive")
+PROMPT_KINDS = ("random", "repetitive", "shared")
 """The prompt shapes :func:`synthetic_trace` makes."""
 
 
@@ -109,12 +109,16 @@ def synthetic_trace(
 
     ``prompts``: ``"random"`` (uniform tokens) or ``"repetitive"`` (each prompt repeats a
     random motif of 2 to 6 tokens: the trace where prompt lookup, ``ngram``, has something to
-    find)."""
+    find), or ``"shared"`` (each prompt is one of four fixed 8-to-16-token prefixes, a system
+    prompt, then random tokens: the trace where the host KV tier, ``hicache``, has prefixes to
+    find; no two ``repetitive`` prompts share one)."""
     if prompts not in PROMPT_KINDS:
         raise ValueError(f"unknown prompts {prompts!r}; valid: {', '.join(PROMPT_KINDS)}")
     if not isinstance(n, int) or not 0 <= n <= MAX_TRACE_REQUESTS:
         raise ValueError(f"a synthetic trace has 0 to {MAX_TRACE_REQUESTS:,} requests, got {n!r}")
     rng = random.Random(seed)
+    heads = random.Random(seed + 1)  # its own stream: the other kinds' traces are unchanged
+    shared = [[heads.randrange(vocab_size) for _ in range(heads.randint(8, 16))] for _ in range(4)]
     step = 0
     requests = []
     for rid in range(n):
@@ -123,6 +127,9 @@ def synthetic_trace(
         if prompts == "repetitive":
             motif = [rng.randrange(vocab_size) for _ in range(rng.randint(2, 6))]
             prompt = (motif * (plen // len(motif) + 1))[:plen]
+        elif prompts == "shared":
+            head = shared[rng.randrange(len(shared))]
+            prompt = head + [rng.randrange(vocab_size) for _ in range(max(1, plen - len(head)))]
         else:
             prompt = [rng.randrange(vocab_size) for _ in range(plen)]
         requests.append(Request(rid, prompt, rng.randint(*output_len), arrival_step=step))

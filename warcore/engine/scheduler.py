@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,9 @@ from warcore.batch import KVPool, StepInput
 from warcore.core import ForwardMode
 from warcore.device import Device, Stream
 from warcore.engine.requests import Request
+
+if TYPE_CHECKING:
+    from warcore.engine.hicache import HostKVTier
 
 __all__ = ["Scheduled", "Scheduler", "SchedulerConfig"]
 
@@ -52,9 +56,13 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         num_draft: int = 0,
         work_s: float = 0.0,
+        tier: HostKVTier | None = None,
     ) -> None:
         """``work_s``: extra device work per step on the schedule stream, modelling the
-        host-to-device copies of a real scheduler (see :func:`schedule_work`)."""
+        host-to-device copies of a real scheduler (see :func:`schedule_work`). ``tier``: the
+        host KV tier (``hicache``): prefills look their prompts up in it, releases offload to
+        it."""
+        self.tier = tier
         self.config = config or SchedulerConfig()
         self.pool = pool
         self.device = device
@@ -98,6 +106,8 @@ class Scheduler:
         scheduled = self._prefill() or self._decode()
         if scheduled is None and self._mapping_clears:
             self._write([], [], [], [], [])
+        if self.tier is not None:
+            self.tier.issue(self.stream)  # behind this step's writes, before its launch
         return scheduled
 
     def _prefill(self) -> Scheduled | None:
@@ -128,6 +138,9 @@ class Scheduler:
         for req in admitted:
             self._allocate(req, len(req.prompt), writes)
         self._write(*writes.lists())
+        cached = None
+        if self.tier is not None:
+            cached = [self._load_back(req) for req in admitted]
         mq = max(len(r.prompt) for r in admitted)
         step = StepInput(
             ForwardMode.EXTEND,
@@ -135,9 +148,18 @@ class Scheduler:
             [len(r.prompt) for r in admitted],
             mq,
             prompt_ids=[r.prompt + [0] * (mq - len(r.prompt)) for r in admitted],
+            cached=cached,
         )
         self.running += admitted
         return Scheduled(step, admitted)
+
+    def _load_back(self, req: Request) -> int:
+        """The prompt positions of ``req`` the host tier loads back into its fresh slots."""
+        assert self.tier is not None
+        cached = self.tier.cached_prefix(req.prompt)
+        if cached:
+            self.tier.load_back(req.prompt, cached, req.slots, req.swa_slots)
+        return cached
 
     def _decode(self) -> Scheduled | None:
         width = self.num_draft + 1
@@ -181,6 +203,8 @@ class Scheduler:
             req.in_flight += 1
             if scheduled.step.forward_mode is ForwardMode.EXTEND:
                 req.kv_bound = len(req.prompt)
+                if self.tier is not None:
+                    self.tier.prefilled[req.rid] = self.tier.newest
             else:
                 req.kv_bound += width
             if req.guaranteed:
@@ -200,6 +224,9 @@ class Scheduler:
         self.running.remove(req)
         self.reserved -= req.kv_budget(self.num_draft) - len(req.slots)
         self.free_rows.append(req.row)
+        if self.tier is not None:
+            offload = req.error is None
+            self.tier.released(req.rid, req.prompt, req.slots, req.swa_slots, offload=offload)
         self.free_slots.extend(reversed(req.slots))
         self.free_swa.extend(reversed(req.swa_slots))
         self._mapping_clears += req.slots

@@ -276,6 +276,11 @@ class ModelRunner:
         rows_host, q_lens_host, prompt_host = slot.views()
         state, req_to_token, j = self.rows, self.pool.req_to_token, self._query_pos[: fb.max_q]
         offset = step.offset
+        # The host KV tier loaded these positions' KV back: the target's prefill attends over
+        # it and writes them to the dummy slot (a draft model's own pool is not cached).
+        cached = None
+        if step.cached is not None and not self.draft and any(step.cached):
+            cached = torch.tensor(step.cached, dtype=torch.int64)
 
         def copy() -> None:
             fb.req_pool_indices.copy_(rows_host, non_blocking=True)
@@ -289,6 +294,9 @@ class ModelRunner:
                 pos = base.unsqueeze(1) + j.unsqueeze(0)
             fb.positions.copy_(pos.masked_fill(~valid, 0))
             slots = req_to_token[fb.req_pool_indices.unsqueeze(1), fb.positions]
+            if cached is not None:
+                kept = cached.to(fb.q_lens.device, non_blocking=True)
+                valid = valid & (j.unsqueeze(0) >= kept.unsqueeze(1))
             fb.out_cache_loc.copy_(slots.masked_fill(~valid, 0))
 
         self._launch(copy, "load_batch")
