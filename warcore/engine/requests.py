@@ -107,11 +107,11 @@ def synthetic_trace(
     """``n`` requests with mixed prompt and output lengths arriving over the first steps
     (``0 <= n <= MAX_TRACE_REQUESTS``).
 
-    ``prompts``: ``"random"`` (uniform tokens) or ``"repetitive"`` (each prompt repeats a
-    random motif of 2 to 6 tokens: the trace where prompt lookup, ``ngram``, has something to
-    find), or ``"shared"`` (each prompt is one of four fixed 8-to-16-token prefixes, a system
-    prompt, then random tokens: the trace where the host KV tier, ``hicache``, has prefixes to
-    find; no two ``repetitive`` prompts share one)."""
+    ``prompts``: ``"random"`` (uniform tokens), ``"repetitive"`` (each prompt repeats one of
+    eight motifs of 2 to 6 tokens: the trace where prompt lookup, ``ngram``, has something to
+    find, and prompts with the same motif share a prefix for the host KV tier, ``hicache``), or
+    ``"shared"`` (each prompt is one of four fixed 8-to-16-token prefixes, a system prompt,
+    then random tokens)."""
     if prompts not in PROMPT_KINDS:
         raise ValueError(f"unknown prompts {prompts!r}; valid: {', '.join(PROMPT_KINDS)}")
     if not isinstance(n, int) or not 0 <= n <= MAX_TRACE_REQUESTS:
@@ -119,13 +119,14 @@ def synthetic_trace(
     rng = random.Random(seed)
     heads = random.Random(seed + 1)  # its own stream: the other kinds' traces are unchanged
     shared = [[heads.randrange(vocab_size) for _ in range(heads.randint(8, 16))] for _ in range(4)]
+    motifs = [[heads.randrange(vocab_size) for _ in range(heads.randint(2, 6))] for _ in range(8)]
     step = 0
     requests = []
     for rid in range(n):
         step += int(rng.expovariate(1.0 / mean_gap_steps)) if mean_gap_steps > 0 else 0
         plen = rng.randint(*prompt_len)
         if prompts == "repetitive":
-            motif = [rng.randrange(vocab_size) for _ in range(rng.randint(2, 6))]
+            motif = motifs[rng.randrange(len(motifs))]
             prompt = (motif * (plen // len(motif) + 1))[:plen]
         elif prompts == "shared":
             head = shared[rng.randrange(len(shared))]
