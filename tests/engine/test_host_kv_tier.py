@@ -173,6 +173,7 @@ def test_the_order_rule_is_a_comparison_of_steps() -> None:
 
 
 # -- hazard 1: offload while the prefill runs (the veto) --------------------------------------
+@pytest.mark.plugins("trtllm_mha")  # its prefill publishes early: the fast path
 def test_without_the_veto_the_offload_races_the_prefill_and_the_check_catches_it(
     wctest_race_expected: dict[int, list[int]],
 ) -> None:
@@ -226,6 +227,7 @@ def test_a_load_back_waits_for_the_forward_still_reading_its_freed_slots(
     assert corrupted, f"no token corrupted in {TRIES} runs without the deferred free rule"
 
 
+@pytest.mark.plugins("trtllm_mha")  # its prefill publishes early: the fast path
 def test_the_tier_sanitizer_flags_both_hazards_the_same_way_every_run() -> None:
     """No modelled device time, no race needed: the verdict is bookkeeping of the fences."""
     none = make_plugin_manager(NoVetoAlgorithms(), entry_points=["trtllm_mha"], builtins="none")

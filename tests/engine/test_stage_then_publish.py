@@ -36,6 +36,9 @@ from warcore.engine import (
 )
 from warcore.engine.steps import EAGLE_STEP
 
+# trtllm_mha (prefill PRE_REPLAY) is the backend whose EAGLE prefills can publish early.
+pytestmark = pytest.mark.plugins("trtllm_mha")
+
 SMALL: dict[str, Any] = {
     "model": TINY_MODEL,
     "scheduler": SchedulerConfig(max_running=4),
@@ -209,6 +212,7 @@ def test_a_stager_that_fails_counts_as_not_staged_and_is_recorded(
     assert report.matches_serial is True
 
 
+@pytest.mark.plugins("dflash")
 def test_dflash_never_calls_a_stager() -> None:
     """A step whose prefill is its own last reader needs no staging: its stager is never
     called, and its prefill's decision is unchanged by it."""
