@@ -30,6 +30,7 @@ def test_the_soak_catches_an_early_declaration() -> None:
 @pytest.mark.slow
 def test_a_bounded_soak_with_the_host_kv_tier_is_clean_and_loads_back() -> None:
     report = soak(60, seed=3, hicache=True)
-    assert report.prefix_hits > 0 and report.tokens_loaded > 0 and report.copies_checked > 0
-    assert "host KV tier" in report.format()
+    assert report.prefix_hits > 0 and report.tokens_shared > 0 and report.copies_checked > 0
+    assert report.device_evictions > 0 and report.tokens_loaded > 0  # the pool is under pressure
+    assert "prefix cache" in report.format()
     assert report.clean, report.format()

@@ -166,11 +166,12 @@ def test_the_docs_state_every_numeric_limit() -> None:
 
 def test_the_parser_limits_are_the_engines() -> None:
     from warcore.cli._common import REQUESTS
-    from warcore.cli.run import NUM_DRAFT
+    from warcore.cli.run import DEFAULT_NUM_SLOTS, NUM_DRAFT
     from warcore.engine import MAX_TRACE_REQUESTS, EngineConfig
 
     assert REQUESTS.most == MAX_TRACE_REQUESTS
     assert NUM_DRAFT.most == EngineConfig().max_num_draft
+    assert EngineConfig().num_slots == DEFAULT_NUM_SLOTS
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,8 @@ def prefill_record_point(
     points = {record_point(RunnerKind.PREFILL, mode, declared, publishes, e) for e in Execution}
     assert len(points) == 1, points
     return points.pop()
+
+
 REAL_PLUGINS = frozenset({"trtllm_mha", "deepseek_v4", "dflash"})
 
 

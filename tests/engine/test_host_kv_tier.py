@@ -1,5 +1,6 @@
-"""The host KV tier behind the ``hicache`` flag: a prefix cache written through to host memory
-and loaded back on its own stream, ordered behind the schedule stream only (sglang's shape).
+"""The prefix cache behind the ``hicache`` flag: finished prompts' blocks kept on the device and
+shared by reference, written through to host memory, evicted from the device under pressure and
+loaded back on the tier's own stream, ordered behind the schedule stream only (sglang's shape).
 
 Its two hazards, each shown corrupting tokens under overlap on ``sim`` without its protection
 and caught by the tier's order check deterministically: the offload of a prompt whose prefill
@@ -13,14 +14,17 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+import torch
 
 from warcore import ForwardMode, hookimpl
 from warcore.audit.host_buffers import sanitize_host_kv_tier
+from warcore.batch import KVPool
 from warcore.cli import main
 from warcore.core import AlgorithmSpec, StepFacts
-from warcore.engine import Engine, EngineConfig, RunReport, synthetic_trace
+from warcore.device import get_device
+from warcore.engine import Engine, EngineConfig, ModelConfig, RunReport, synthetic_trace
 from warcore.engine import builtin_plugin as core
-from warcore.engine.hicache import copy_order_problem, slot_ready_step
+from warcore.engine.hicache import HostKVTier, copy_order_problem, slot_ready_step
 from warcore.testing import make_plugin_manager
 
 HICACHE = (("hicache", True),)
@@ -32,6 +36,9 @@ LAYER_S = 0.003
 # freed while the forward that last reads them is in flight (so the load-back races it).
 RACE_TRACE = synthetic_trace(32, seed=1, prompts="shared", output_len=(1, 3), mean_gap_steps=0.5)
 TRACE = synthetic_trace(24, seed=2, prompts="shared", output_len=(1, 12))
+PRESSURE = 128
+"""A KV pool this small (slots) cannot keep every cached block: the device tier evicts, and
+hits on evicted blocks load them back from host memory."""
 
 
 class NoVetoAlgorithms:
@@ -82,22 +89,62 @@ def _wrong(report: RunReport, expected: dict[int, list[int]]) -> list[int]:
 
 # -- the cache --------------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ["none", "eagle"])
-def test_shared_prefixes_are_loaded_back_and_tokens_equal_plain_serial(
+def test_shared_prefixes_are_shared_on_the_device_and_tokens_equal_plain_serial(
     algorithm: str, wctest_plain: RunReport
 ) -> None:
+    """A pool with room for everything: every hit shares the device blocks, nothing is
+    evicted or loaded back, and the shared blocks are written through to host memory."""
     expected = wctest_plain.outputs
     report = _run(TRACE, algorithm=algorithm, flags=HICACHE)
     pc = report.prefix_cache
     assert pc is not None
     assert pc.lookups == len(TRACE)
-    assert pc.hits >= len(TRACE) // 2 and pc.tokens_loaded >= 4 * pc.hits
+    assert pc.hits >= len(TRACE) // 2 and pc.tokens_shared >= 4 * pc.hits
+    assert pc.tokens_loaded == 0 and pc.device_evictions == 0 and pc.done_waits == 0
     assert pc.tokens_offloaded > 0 and pc.copies_checked > 0
     assert pc.unordered == []
     assert report.outputs == expected
     # Rows are not deferred: the same admissions reuse them as without the tier.
     assert report.rows_reused > 0
-    if algorithm == "none":  # (speculation collects finishes a step later under overlap)
-        assert report.rows_reused == wctest_plain.rows_reused
+
+
+@pytest.mark.parametrize("algorithm", ["none", "eagle"])
+def test_under_pool_pressure_blocks_are_evicted_and_loaded_back(
+    algorithm: str, wctest_plain: RunReport
+) -> None:
+    expected = wctest_plain.outputs
+    report = _run(TRACE, algorithm=algorithm, flags=HICACHE, num_slots=PRESSURE)
+    pc = report.prefix_cache
+    assert pc is not None
+    assert pc.device_evictions > 0 and pc.tokens_loaded > 0 and pc.tokens_shared > 0
+    assert pc.unordered == []
+    assert report.outputs == expected
+    # Without the cache the same pool serves the same tokens (it only ever evicts).
+    assert _run(TRACE, algorithm=algorithm, num_slots=PRESSURE).outputs == expected
+
+
+def test_the_prefill_reads_the_shared_device_kv_instead_of_recomputing_it(
+    wctest_expected: dict[int, list[int]],
+) -> None:
+    """Poisoning the blocks the device tier keeps changes the tokens (the serial loop: no race
+    involved), so a hit's prefill really attends over the shared slots and does not write them."""
+    with Engine(EngineConfig(loop="serial", flags=HICACHE), device="sim") as engine:
+        tier, pool = engine.tier, engine.pool
+        assert tier is not None
+        released = tier.released
+
+        def poisoned(*args: Any, **kwargs: Any) -> Any:
+            freed = released(*args, **kwargs)
+            kept = [s for blk in tier.on_device.values() for s in blk.slots or []]
+            tier._work.append(
+                lambda: [t.index_fill_(1, torch.tensor(kept), 3.0) for t in (pool.k, pool.v)]
+            )
+            return freed
+
+        tier.released = poisoned  # type: ignore[method-assign]
+        report = engine.run(TRACE)
+    assert report.prefix_cache is not None and report.prefix_cache.tokens_shared > 0
+    assert _wrong(report, wctest_expected)
 
 
 def test_the_prefill_reads_the_loaded_kv_instead_of_recomputing_it(
@@ -106,18 +153,20 @@ def test_the_prefill_reads_the_loaded_kv_instead_of_recomputing_it(
     """A load-back of wrong K/V changes the tokens (the serial loop: no race involved), so
     the prefill of a hit really attends over what came back from host memory."""
     expected = wctest_expected
-    with Engine(EngineConfig(loop="serial", flags=HICACHE), device="sim") as engine:
+    config = EngineConfig(loop="serial", flags=HICACHE, num_slots=PRESSURE)
+    with Engine(config, device="sim") as engine:
         tier = engine.tier
         assert tier is not None
         released = tier.released
 
-        def poisoned(*args: Any, **kwargs: Any) -> None:
-            released(*args, **kwargs)
+        def poisoned(*args: Any, **kwargs: Any) -> Any:
+            freed = released(*args, **kwargs)
             tier._work.append(lambda: [t.fill_(3.0) for t in tier.host])
+            return freed
 
         tier.released = poisoned  # type: ignore[method-assign]
         report = engine.run(TRACE)
-    assert report.prefix_cache is not None and report.prefix_cache.hits > 0
+    assert report.prefix_cache is not None and report.prefix_cache.tokens_loaded > 0
     assert _wrong(report, expected)
 
 
@@ -125,7 +174,7 @@ def test_a_full_host_tier_evicts_the_least_recently_used_prefixes(
     wctest_expected: dict[int, list[int]],
 ) -> None:
     expected = wctest_expected
-    report = _run(TRACE, flags=HICACHE, hicache_host_tokens=24)
+    report = _run(TRACE, flags=HICACHE, hicache_host_tokens=24, num_slots=PRESSURE)
     pc = report.prefix_cache
     assert pc is not None and pc.evictions > 0 and pc.hits > 0
     assert report.outputs == expected
@@ -150,7 +199,7 @@ def test_warcore_run_reports_the_hit_rate(capsys: pytest.CaptureFixture[str]) ->
     assert main([*argv, "--prompts", "shared"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "prefix cache" in x)
-    assert "prefills hit" in line and "prompt tokens loaded back" in line
+    assert "prefills hit" in line and "shared on device" in line and "loaded back" in line
     assert "0/16 prefills hit" not in line
     assert "0 unordered" in out
     # Prompts repeating the same motif share prefixes: the repetitive trace hits too.
@@ -183,7 +232,12 @@ def test_without_the_veto_the_offload_races_the_prefill_and_the_check_catches_it
     expected = wctest_race_expected
     veto = make_plugin_manager(entry_points=["trtllm_mha"])
     none = make_plugin_manager(NoVetoAlgorithms(), entry_points=["trtllm_mha"], builtins="none")
-    options = {"backend": "trtllm_mha", "flags": HICACHE, "modelled_layer_s": LAYER_S}
+    options = {
+        "backend": "trtllm_mha",
+        "flags": HICACHE,
+        "modelled_layer_s": LAYER_S,
+        "num_slots": PRESSURE,
+    }
     vetoed = _run(RACE_TRACE, veto, **options)
     assert vetoed.outputs == expected
     assert vetoed.prefix_cache is not None and vetoed.prefix_cache.unordered == []
@@ -210,7 +264,7 @@ def test_a_load_back_waits_for_the_forward_still_reading_its_freed_slots(
     The load-back into them waits on that step's done event (a device wait); without the
     rule it overwrites them under the running forward."""
     expected = wctest_race_expected
-    options = {"flags": HICACHE, "modelled_layer_s": LAYER_S}
+    options = {"flags": HICACHE, "modelled_layer_s": LAYER_S, "num_slots": PRESSURE}
     ruled = _run(RACE_TRACE, **options)
     assert ruled.outputs == expected
     pc = ruled.prefix_cache
@@ -231,12 +285,80 @@ def test_a_load_back_waits_for_the_forward_still_reading_its_freed_slots(
 def test_the_tier_sanitizer_flags_both_hazards_the_same_way_every_run() -> None:
     """No modelled device time, no race needed: the verdict is bookkeeping of the fences."""
     none = make_plugin_manager(NoVetoAlgorithms(), entry_points=["trtllm_mha"], builtins="none")
-    trtllm = EngineConfig(backend="trtllm_mha")
+    trtllm = EngineConfig(backend="trtllm_mha", num_slots=PRESSURE)
     unvetoed = [sanitize_host_kv_tier(trtllm, RACE_TRACE, pm=none).unordered for _ in range(2)]
     assert unvetoed[0] and unvetoed[0] == unvetoed[1]
     assert all(u.startswith("offload") for u in unvetoed[0])
-    early = EngineConfig(hicache_deferred_free=False)
+    early = EngineConfig(hicache_deferred_free=False, num_slots=PRESSURE)
     assert sanitize_host_kv_tier(early, RACE_TRACE).unordered
-    assert sanitize_host_kv_tier(EngineConfig(), RACE_TRACE).clean
+    assert sanitize_host_kv_tier(EngineConfig(num_slots=PRESSURE), RACE_TRACE).clean
     veto = make_plugin_manager(entry_points=["trtllm_mha"])
     assert sanitize_host_kv_tier(trtllm, RACE_TRACE, pm=veto).clean
+
+
+# -- the cache's bookkeeping ------------------------------------------------------------------
+def _tier(host_tokens: int = 64) -> HostKVTier:
+    device = get_device("sim")
+    pool = KVPool(ModelConfig(), device.torch_device, max_reqs=4, num_slots=64)
+    return HostKVTier(pool, device, device.new_stream("hicache"), host_tokens=host_tokens, block=4)
+
+
+def test_a_released_prompt_stays_on_the_device_and_is_written_through() -> None:
+    tier = _tier()
+    prompt = list(range(100, 110))  # two full blocks, then two tokens
+    slots = list(range(1, 14))  # ten prompt positions and three output positions
+    free, free_swa = tier.released(1, prompt, slots, [s + 20 for s in slots])
+    assert free == slots[8:] and free_swa == [s + 20 for s in slots[8:]]
+    assert tier.stats.tokens_offloaded == 8 and len(tier._work) == 1
+    match = tier.match(prompt[:9] + [7, 7, 7])
+    assert [blk.slots for blk in match.blocks] == [slots[:4], slots[4:8]]
+    assert match.shared == match.positions == 8
+    # The last prompt token is always computed: a prompt of exactly two blocks shares one.
+    assert tier.match(prompt[:8]).positions == 4
+    assert tier.match([5] + prompt).blocks == []
+
+
+def test_shared_blocks_are_not_evicted_until_their_last_user_is_released() -> None:
+    tier = _tier()
+    prompt = list(range(200, 209))
+    tier.released(1, prompt, list(range(1, 10)), list(range(1, 10)))
+    match = tier.match(prompt + [1, 2])
+    tier.admit(2, prompt + [1, 2], match)
+    assert tier.evict(None) is None  # both blocks are shared by request 2
+    # Request 2's own slots past the shared ones are freed; the shared ones stay cached.
+    shared = [s for blk in match.blocks for s in blk.slots or []]
+    free, _ = tier.released(2, prompt + [1, 2], shared + [30, 31, 32], list(range(11)))
+    assert free == [30, 31, 32]
+    # Unshared now: the extension goes first (a prefix outlives its extensions), host copy kept.
+    evicted = tier.evict(None)
+    assert evicted is not None and evicted[0] == list(range(5, 9))
+    assert tier.stats.device_evictions == 1
+    again = tier.match(prompt)
+    assert [blk.slots is None for blk in again.blocks] == [False, True]
+    assert again.shared == 4 and again.positions == 8  # one shared, one to load back
+    # A match being admitted keeps its blocks: the first block is pinned, nothing else is left.
+    assert tier.evict(again) is None
+
+
+@pytest.mark.parametrize("deferred_free", [True, False])
+def test_a_load_back_into_freed_slots_waits_for_the_step_that_freed_them(
+    deferred_free: bool,
+) -> None:
+    tier = _tier()
+    tier.deferred_free = deferred_free
+    prompt = list(range(300, 309))
+    tier.launched(5, tier.device.new_stream("x").record_event())
+    tier.released(1, prompt, list(range(1, 10)), list(range(1, 10)))
+    assert tier.evict(None) is not None and tier.evict(None) is not None
+    assert tier.freed_at[1] == tier.freed_at[8] == 5
+    match = tier.match(prompt)
+    assert match.shared == 0 and match.positions == 8
+    tier.load_back([(blk, [1, 2, 3, 4], [1, 2, 3, 4]) for blk in match.blocks[:1]])
+    tier.issue(tier.device.new_stream("schedule"))
+    st = tier.stats
+    assert st.copies_checked == 2  # the write-through offload, then the load-back
+    if deferred_free:  # one device wait orders both copies behind step 5's whole forward
+        assert st.done_waits == 1 and st.unordered == []
+    else:  # no fence was taken: neither copy is ordered behind step 5
+        assert st.done_waits == 0
+        assert [u.split()[0] for u in st.unordered] == ["offload", "load-back"]

@@ -37,7 +37,9 @@ class SoakReport:
     """The overlap engines ran with the host KV tier (``hicache``) on."""
     prefix_lookups: int = 0
     prefix_hits: int = 0
+    tokens_shared: int = 0
     tokens_loaded: int = 0
+    device_evictions: int = 0
     copies_checked: int = 0
 
     @property
@@ -56,9 +58,10 @@ class SoakReport:
         ]
         if self.hicache:
             lines.append(
-                f"  host KV tier      {self.prefix_hits}/{self.prefix_lookups} prefills hit, "
-                f"{self.tokens_loaded} tokens loaded back, {self.copies_checked} copies "
-                "checked for order"
+                f"  prefix cache      {self.prefix_hits}/{self.prefix_lookups} prefills hit, "
+                f"{self.tokens_shared} tokens shared on device, {self.tokens_loaded} loaded "
+                f"back, {self.device_evictions} device blocks evicted, {self.copies_checked} "
+                "copies checked for order"
             )
         lines += [f"  VIOLATION {v}" for v in self.violations[:5]]
         lines += [f"  MISMATCH {m}" for m in self.mismatches[:5]]
@@ -103,7 +106,12 @@ def soak(
             key = (combo.backend, combo.algorithm)
             engine = engines.get(key)
             if engine is None:
-                config = EngineConfig(backend=combo.backend, algorithm=combo.algorithm, flags=flags)
+                config = EngineConfig(
+                    backend=combo.backend,
+                    algorithm=combo.algorithm,
+                    flags=flags,
+                    num_slots=HICACHE_SLOTS if hicache else EngineConfig.num_slots,
+                )
                 engine = engines[key] = Engine(config, device="sim", pm=pm)
             name = f"{combo.backend}/{combo.algorithm}"
             expected = plain.run(trace).outputs
@@ -121,7 +129,9 @@ def soak(
             if pc is not None:
                 report.prefix_lookups += pc.lookups
                 report.prefix_hits += pc.hits
+                report.tokens_shared += pc.tokens_shared
                 report.tokens_loaded += pc.tokens_loaded
+                report.device_evictions += pc.device_evictions
                 report.copies_checked += pc.copies_checked
                 report.violations += [
                     f"{name} segment {report.segments}: {u}" for u in pc.unordered
@@ -141,6 +151,11 @@ def soak(
             plain.close()
     report.elapsed_s = time.perf_counter() - start
     return report
+
+
+HICACHE_SLOTS = 256
+"""The KV pool of the soak's engines with the host KV tier on: small enough that the prefix
+cache evicts blocks from the device, so hits load them back from host memory too."""
 
 
 def _segment_trace(seed: int, n: int, hicache: bool = False) -> list[Request]:

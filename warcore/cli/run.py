@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from warcore.core import FlagValue
     from warcore.engine import EngineConfig, RunReport
 
-__all__ = ["NUM_DRAFT", "RUN", "format_report"]
+__all__ = ["NUM_DRAFT", "NUM_SLOTS", "RUN", "format_report"]
 
 NUM_DRAFT = Limit(
     int,
@@ -35,6 +35,9 @@ NUM_DRAFT = Limit(
     "EngineConfig.max_num_draft)",
 )
 """``--num-draft``: ``EngineConfig().max_num_draft`` (a test ties the two)."""
+NUM_SLOTS = Limit(int, 2, 65_536, " (slot 0 is the dummy; 65,536 slots: 512 MiB of K/V)")
+DEFAULT_NUM_SLOTS = 4096
+"""``--num-slots``: ``EngineConfig.num_slots`` (a test ties the two)."""
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +125,14 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         help="never call the algorithm's prefill_shared_read_stager: a prefill whose step "
         "reads shared buffers later (eagle) keeps the coarse fence (stage, then publish off)",
     )
+    add_number(
+        parser,
+        "--num-slots",
+        NUM_SLOTS,
+        DEFAULT_NUM_SLOTS,
+        "KV pool slots (EngineConfig.num_slots); a small pool makes the prefix cache (--flag "
+        "hicache) evict blocks from the device and load them back from host memory",
+    )
     parser.add_argument(
         "--trace",
         metavar="FILE",
@@ -207,6 +218,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         copy_wait=args.copy_wait,
         in_graph_event=args.in_graph_event,
         prefill_staging=not args.no_prefill_staging,
+        num_slots=args.num_slots,
     )
     trace = synthetic_trace(args.requests, seed=args.seed, prompts=args.prompts)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())

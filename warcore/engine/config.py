@@ -127,6 +127,9 @@ class EngineConfig:
         depth = self.staging_depth
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ValueError(f"staging_depth must be an int >= 0 (0: derived), got {depth!r}")
+        slots = self.num_slots
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 2:
+            raise ValueError(f"num_slots must be an int >= 2 (slot 0 is the dummy), got {slots!r}")
         for name in ("hicache_host_tokens", "hicache_block"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

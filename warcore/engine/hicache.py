@@ -1,25 +1,38 @@
-"""The host KV tier behind the ``hicache`` engine flag: a small prefix cache in host memory.
+"""The prefix cache behind the ``hicache`` engine flag: finished prompts' KV kept on the device
+by prefix, written through to a host tier, evicted from the device under pressure and loaded
+back from host memory on a copy stream.
 
-What it models (sglang's hierarchical cache, write-through): a request's prompt KV is copied
-to host memory when the request is released (its slots go back to the pool), keyed by the
-prompt's block-aligned prefixes; a new request whose prompt starts with a cached prefix gets
-that prefix's KV loaded back into its freshly allocated slots before its prefill, and its
-prefill reuses it (see :meth:`HostKVTier.cached_prefix`). Both copies run on the tier's own
-``hicache`` stream, which is ordered behind the schedule stream only, as in sglang:
+What it models (sglang's hierarchical radix cache, write-through), in blocks of ``block``
+prompt tokens keyed by the prompt's block-aligned prefix:
+
+* **device tier**: when a request is released, its prompt blocks stay on the device (their
+  slots do not go back to the pool) and a later request whose prompt starts with them shares
+  the slots (reference counted), its prefill attending over them without writing them. When the
+  scheduler needs slots, it evicts unreferenced blocks, least recently used first: their slots
+  go back to the pool;
+* **host tier**: each block kept on the device is copied to host memory at once (write-through),
+  so a device eviction copies nothing; a later hit on a block only the host still holds loads
+  it back into the request's freshly allocated slots before its prefill. Host blocks are evicted
+  least recently used first too.
+
+Both copies run on the tier's own ``hicache`` stream, ordered behind the schedule stream only,
+as in sglang:
 
 * the offload reads the released request's prompt slots: when that request's prefill is the
   forward in flight, only the whole-forward barrier after the prefill (the built-in veto of the
   prefill fast path when ``hicache`` is on) makes the schedule stream, and so the copy, wait
   until the prefill has written them;
-* the load-back writes slots the scheduler just handed out, which may have been freed by a
-  request whose last forward is still in flight (the slot pool is a stack: a freed slot is the
-  next one handed out). Each freed slot is tagged with the newest launched step; the load-back
-  first makes its stream wait on that step's *done event* (recorded on the forward stream after
-  the step's last forward): a device wait, never a host sync. vLLM's rule (#45357) in device
-  time; sglang #36738 fenced the load-back behind the whole forward stream.
+* the load-back writes slots the scheduler just handed out, which may have been freed (by a
+  finished request or a device eviction) while a forward that reads them is still in flight
+  (the slot pool is a stack: a freed slot is the next one handed out). Each freed slot is
+  tagged with the newest launched step; the load-back first makes its stream wait on that
+  step's *done event* (recorded on the forward stream after the step's last forward): a device
+  wait, never a host sync. vLLM's rule (#45357) in device time; sglang #36738 fenced the
+  load-back behind the whole forward stream.
 
 The forward stream waits on the tier's stream before every launch (it reads what the load-back
-wrote, and its writes must follow the offload's reads of the slots it reuses).
+wrote, and its writes must follow the offload's reads of the slots it reuses). Shared slots
+need no copy and no wait: every forward runs on one stream.
 
 Rows of ``req_to_token`` are not part of this: they stay immediately reusable, since their
 rewrite is what the read-done fence protects.
@@ -28,7 +41,7 @@ rewrite is what the read-done fence protects.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -36,12 +49,19 @@ import torch
 from warcore.batch import KVPool
 from warcore.device import Device, Event, Stream
 
-__all__ = ["HostKVTier", "PrefixCacheStats", "copy_order_problem", "slot_ready_step"]
+__all__ = [
+    "CachedBlock",
+    "HostKVTier",
+    "PrefixCacheStats",
+    "PrefixMatch",
+    "copy_order_problem",
+    "slot_ready_step",
+]
 
 
 @dataclass
 class PrefixCacheStats:
-    """What the host KV tier did in one run (``RunReport.prefix_cache``)."""
+    """What the prefix cache did in one run (``RunReport.prefix_cache``)."""
 
     lookups: int = 0
     """Admitted prefills whose prompt was looked up."""
@@ -49,12 +69,16 @@ class PrefixCacheStats:
     """Lookups that found a cached prefix (at least one block)."""
     tokens_looked_up: int = 0
     """Prompt tokens of the lookups (each prompt's last token is never cached)."""
+    tokens_shared: int = 0
+    """Prompt tokens whose KV a prefill shared with the device tier (no copy)."""
     tokens_loaded: int = 0
     """Prompt tokens whose KV was loaded back from host memory."""
     tokens_offloaded: int = 0
     """Prompt tokens whose KV was copied to host memory."""
+    device_evictions: int = 0
+    """Device blocks evicted to make room in the KV pool (their slots freed)."""
     evictions: int = 0
-    """Host entries dropped to make room (least recently used first)."""
+    """Host blocks dropped to make room in host memory."""
     done_waits: int = 0
     """Load-backs whose stream waited on a step's done event (slots freed by a forward that
     may still have been running)."""
@@ -70,14 +94,18 @@ class PrefixCacheStats:
 
     @property
     def token_hit_rate(self) -> float:
-        return self.tokens_loaded / self.tokens_looked_up if self.tokens_looked_up else 0.0
+        cached = self.tokens_shared + self.tokens_loaded
+        return cached / self.tokens_looked_up if self.tokens_looked_up else 0.0
 
     def format(self) -> str:
+        cached = self.tokens_shared + self.tokens_loaded
         return (
             f"{self.hits}/{self.lookups} prefills hit ({self.hit_rate:.0%}), "
-            f"{self.tokens_loaded}/{self.tokens_looked_up} prompt tokens loaded back "
-            f"({self.token_hit_rate:.0%}), {self.tokens_offloaded} offloaded, "
-            f"{self.evictions} evicted, {self.done_waits} load-backs behind a done event"
+            f"{cached}/{self.tokens_looked_up} prompt tokens cached ({self.token_hit_rate:.0%}: "
+            f"{self.tokens_shared} shared on device, {self.tokens_loaded} loaded back), "
+            f"{self.tokens_offloaded} offloaded, {self.device_evictions} device and "
+            f"{self.evictions} host blocks evicted, {self.done_waits} load-backs behind a "
+            f"done event"
         )
 
 
@@ -105,23 +133,49 @@ def copy_order_problem(kind: str, toucher: int, behind: int) -> str | None:
     )
 
 
-@dataclass
-class _Entry:
+@dataclass(eq=False)
+class CachedBlock:
+    """One cached block: ``key`` is the prompt prefix through its last token."""
+
     key: tuple[int, ...]
-    blocks: list[int]
-    """Host blocks, one per ``block`` cached positions, in order."""
-    keys: list[tuple[int, ...]] = field(default_factory=list)
-    """The block-aligned prefixes indexed to this entry."""
+    slots: list[int] | None = None
+    """Its device slots (``None``: not on the device), and their SWA slots."""
+    swa: list[int] = field(default_factory=list)
+    host: int | None = None
+    """Its host block (``None``: not in host memory)."""
+    refs: int = 0
+    """Running requests sharing its device slots: it is not evicted while any does."""
+
+
+@dataclass
+class PrefixMatch:
+    """The cached blocks a prompt starts with, in order (:meth:`HostKVTier.match`)."""
+
+    blocks: list[CachedBlock]
+    block: int
+
+    @property
+    def shared(self) -> int:
+        """Positions whose device slots the request shares (it needs no slots for them)."""
+        return sum(self.block for b in self.blocks if b.slots is not None)
+
+    @property
+    def positions(self) -> int:
+        """Positions the prefill reads instead of writing (shared or loaded back)."""
+        return len(self.blocks) * self.block
+
+
+Copy = Callable[[], None]
 
 
 class HostKVTier:
-    """The host KV tier of one engine (the target model's pool): ``host_tokens`` positions of
-    host K/V (pinned on CUDA) in blocks of ``block`` tokens, block-aligned prefix keys, least
-    recently used entries evicted first. Host K/V is token-major (``[tokens, layers, heads,
-    dim]``), so each block is one contiguous pinned range: every copy is a non-blocking one,
-    with no host wait on CUDA either. ``deferred_free=False`` drops the done-event wait (a test
-    setting: the load-back is then ordered behind the schedule stream only, sglang before
-    #36738)."""
+    """The prefix cache of one engine (the target model's pool): device blocks shared by
+    reference, ``host_tokens`` positions of host K/V (pinned on CUDA) in blocks of ``block``
+    tokens, least recently used blocks evicted first from each tier. Host K/V is token-major
+    (``[tokens, layers, heads, dim]``), so each block is one contiguous pinned range: every
+    copy is a non-blocking one, with no host wait on CUDA either. ``deferred_free=False`` drops
+    the done-event wait (a test setting: the load-back is then ordered behind the schedule
+    stream only, sglang before #36738)."""
 
     def __init__(
         self,
@@ -153,19 +207,24 @@ class HostKVTier:
         self.reset()
 
     def reset(self) -> None:
-        """Empty the tier for a new run (runs compare with each other: no carried state)."""
-        self.entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
-        self.index: dict[tuple[int, ...], _Entry] = {}
+        """Empty the cache for a new run (runs compare with each other: no carried state)."""
+        self.blocks: dict[tuple[int, ...], CachedBlock] = {}
+        self.on_device: OrderedDict[tuple[int, ...], CachedBlock] = OrderedDict()
+        self.in_host: OrderedDict[tuple[int, ...], CachedBlock] = OrderedDict()
+        """Least recently used first, each; a chain is touched from its last block to its
+        first, so a prefix outlives its extensions."""
         self.free_blocks = list(range(self.host_blocks - 1, -1, -1))
         self.freed_at = [0] * self.pool.num_slots
         self.newest = 0
         self.done: dict[int, Event] = {}
         self.stats = PrefixCacheStats()
-        self._work: list[Callable[[], None]] = []
+        self._work: list[Copy] = []
         self._touchers: list[tuple[str, int]] = []
         self._wait_step = 0
         self.prefilled: dict[int, int] = {}
         """Request id -> the step of its prefill (the forward that writes its prompt KV)."""
+        self.sharing: dict[int, list[CachedBlock]] = {}
+        """Request id -> the device blocks it shares (their slots are not its own)."""
         self.whole = 0
         """The newest step whose whole forward the schedule stream is ordered after."""
 
@@ -186,113 +245,167 @@ class HostKVTier:
         self.whole = max(self.whole, step if whole else step - 1)
 
     # -- the scheduler's side ---------------------------------------------------------------
-    def cached_prefix(self, prompt: list[int]) -> int:
-        """Look ``prompt`` up: the length of its longest cached block-aligned prefix that
-        leaves at least its last token to compute (the prefill samples from it)."""
+    def match(self, prompt: list[int]) -> PrefixMatch:
+        """The cached blocks ``prompt`` starts with, leaving at least its last token to
+        compute (the prefill samples from it). Changes nothing."""
+        found: list[CachedBlock] = []
+        b = self.block
+        for n in range(1, (len(prompt) - 1) // b + 1):
+            blk = self.blocks.get(tuple(prompt[: n * b]))
+            if blk is None or (blk.slots is None and blk.host is None):
+                break
+            found.append(blk)
+        return PrefixMatch(found, b)
+
+    def admit(self, rid: int, prompt: list[int], match: PrefixMatch) -> None:
+        """Request ``rid`` is admitted with ``match``: its shared blocks are referenced (not
+        evicted until it is released), and the match is counted."""
         st = self.stats
         st.lookups += 1
         st.tokens_looked_up += len(prompt) - 1
-        for n in range((len(prompt) - 1) // self.block, 0, -1):
-            entry = self.index.get(tuple(prompt[: n * self.block]))
-            if entry is not None:
-                self.entries.move_to_end(entry.key)
-                st.hits += 1
-                st.tokens_loaded += n * self.block
-                return n * self.block
-        return 0
+        st.hits += bool(match.blocks)
+        st.tokens_shared += match.shared
+        st.tokens_loaded += match.positions - match.shared
+        shared = [blk for blk in match.blocks if blk.slots is not None]
+        for blk in shared:
+            blk.refs += 1
+        self.sharing[rid] = shared
+        self._touch(match.blocks)
 
-    def load_back(self, prompt: list[int], length: int, slots: list[int], swa: list[int]) -> None:
-        """Queue the copy of the first ``length`` cached positions of ``prompt`` into
-        ``slots`` / ``swa`` (this request's fresh slots); :meth:`issue` launches it."""
-        entry = self.index[tuple(prompt[:length])]
-        ranges = self._ranges(entry.blocks[: length // self.block])
-        dst, dst_swa = self._index(slots[:length]), self._index(swa[:length])
-        toucher = slot_ready_step(self.freed_at, slots[:length])
+    def evict(self, keep: PrefixMatch | None) -> tuple[list[int], list[int]] | None:
+        """Evict the least recently used device block no running request shares (nor
+        ``keep``, the match being admitted): its slots and SWA slots, freed, or ``None`` when
+        nothing can be evicted. Its host copy, if any, stays: nothing is copied."""
+        pinned = {id(blk) for blk in keep.blocks} if keep is not None else set()
+        victim = next(
+            (b for b in self.on_device.values() if b.refs == 0 and id(b) not in pinned), None
+        )
+        if victim is None or victim.slots is None:
+            return None
+        del self.on_device[victim.key]
+        slots, swa = victim.slots, victim.swa
+        victim.slots, victim.swa = None, []
+        self._freed(slots)
+        self.stats.device_evictions += 1
+        if victim.host is None:
+            del self.blocks[victim.key]
+        return slots, swa
+
+    def load_back(self, loads: list[tuple[CachedBlock, list[int], list[int]]]) -> None:
+        """Queue the copy of host blocks into fresh slots (block, its slots, its SWA slots),
+        for one admitted request; :meth:`issue` launches it."""
+        if not loads:
+            return
+        hosts = [blk.host for blk, _, _ in loads]
+        assert all(h is not None for h in hosts)  # matched: on the device or in host memory
+        slots = [s for _, block_slots, _ in loads for s in block_slots]
+        swa = [s for _, _, block_swa in loads for s in block_swa]
+        toucher = slot_ready_step(self.freed_at, slots)
         self._touchers.append(("load-back", toucher))
         if self.deferred_free:
             self._wait_step = max(self._wait_step, toucher)
-        pool, (hk, hv, hsk, hsv) = self.pool, self.host
-        dev = pool.k.device
-
-        def load() -> None:
-            d, ds = dst.to(dev, non_blocking=True), dst_swa.to(dev, non_blocking=True)
-            pairs = ((hk, pool.k, d), (hv, pool.v, d), (hsk, pool.swa_k, ds), (hsv, pool.swa_v, ds))
-            for host, kv, idx in pairs:
-                parts = [host[a:b].to(dev, non_blocking=True) for a, b in ranges]
-                kv[:, idx] = torch.cat(parts).transpose(0, 1)
-
-        self._work.append(load)
+        self._work.append(self._copy(slots, swa, [h for h in hosts if h is not None], False))
 
     def released(
         self, rid: int, prompt: list[int], slots: list[int], swa: list[int], *, offload: bool = True
-    ) -> None:
-        """A request's slots go back to the pool: tag them with the newest launched step and
-        (``offload``: it was served) queue the offload of its prompt KV (write-through; the
-        copy is launched by :meth:`issue`, before any load-back the same step queues into
-        these slots)."""
+    ) -> tuple[list[int], list[int]]:
+        """A request is released: its shared blocks are dereferenced and (``offload``: it was
+        served) its own full prompt blocks kept on the device and written through to host
+        memory (the copy is launched by :meth:`issue`). Returns the slots and SWA slots that go
+        back to the pool, each tagged with the newest launched step."""
+        written = self.prefilled.pop(rid, self.newest)
+        shared = self.sharing.pop(rid, [])
+        for blk in shared:
+            blk.refs -= 1
+        mine = {s for sb in shared for s in sb.slots or []}
+        kept = [s in mine for s in slots]
+        chain: list[CachedBlock] = []
+        out_slots: list[int] = []
+        out_swa: list[int] = []
+        out_hosts: list[int] = []
+        b = self.block
+        for i in range(min(len(prompt), len(slots)) // b if offload else 0):
+            key = tuple(prompt[: (i + 1) * b])
+            found = self.blocks.get(key)
+            if found is not None and found.slots is not None:
+                chain.append(found)  # on the device already: shared by this request, or another's
+                continue
+            blk = found if found is not None else CachedBlock(key)
+            self.blocks[key] = blk
+            blk.slots, blk.swa = slots[i * b : (i + 1) * b], swa[i * b : (i + 1) * b]
+            kept[i * b : (i + 1) * b] = [True] * b
+            chain.append(blk)
+            if blk.host is None:
+                blk.host = self._host_block()
+                if blk.host is not None:
+                    out_slots += blk.slots
+                    out_swa += blk.swa
+                    out_hosts.append(blk.host)
+        self._touch(chain)
+        if out_hosts:
+            self.stats.tokens_offloaded += len(out_slots)
+            self._work.append(self._copy(out_slots, out_swa, out_hosts, True))
+            self._touchers.append(("offload", written))
+        free = [s for s, k in zip(slots, kept, strict=True) if not k]
+        free_swa = [s for s, k in zip(swa, kept, strict=True) if not k]
+        self._freed(free)
+        return free, free_swa
+
+    def _freed(self, slots: Sequence[int]) -> None:
         for s in slots:
             self.freed_at[s] = self.newest
-        written = self.prefilled.pop(rid, self.newest)
-        length = min(len(prompt), len(slots)) // self.block * self.block
-        if length == 0 or not offload:
-            return
-        key = tuple(prompt[:length])
-        known = self.index.get(key)
-        if known is not None:  # already cached: refresh it, copy nothing
-            self.entries.move_to_end(known.key)
-            return
-        blocks = self._host_blocks(length // self.block)
-        if blocks is None:
-            return
-        entry = _Entry(key, blocks)
-        self.entries[key] = entry
-        for n in range(1, length // self.block + 1):
-            k = key[: n * self.block]
-            self.index[k] = entry
-            entry.keys.append(k)
-        self.stats.tokens_offloaded += length
-        src, src_swa = self._index(slots[:length]), self._index(swa[:length])
-        ranges = self._ranges(blocks)
+
+    def _touch(self, chain: list[CachedBlock]) -> None:
+        for blk in reversed(chain):
+            if blk.slots is not None:
+                self.on_device[blk.key] = blk
+                self.on_device.move_to_end(blk.key)
+            if blk.host is not None:
+                self.in_host[blk.key] = blk
+                self.in_host.move_to_end(blk.key)
+
+    def _host_block(self) -> int | None:
+        """A free host block, evicting the least recently used one for it (copies still
+        queued from or into an evicted block run first: one stream, in order)."""
+        if not self.free_blocks and self.in_host:
+            _, old = self.in_host.popitem(last=False)
+            assert old.host is not None
+            self.free_blocks.append(old.host)
+            old.host = None
+            self.stats.evictions += 1
+            if old.slots is None:
+                del self.blocks[old.key]
+        return self.free_blocks.pop() if self.free_blocks else None
+
+    def _copy(self, slots: list[int], swa: list[int], hosts: list[int], to_host: bool) -> Copy:
+        """One copy between device ``slots`` / ``swa`` and host blocks ``hosts`` (a block's
+        worth of slots each, in order), adjacent host blocks as one range."""
+        ranges: list[tuple[int, int]] = []
+        for blk in hosts:
+            a, b = blk * self.block, (blk + 1) * self.block
+            if ranges and ranges[-1][1] == a:
+                ranges[-1] = (ranges[-1][0], b)
+            else:
+                ranges.append((a, b))
+        idx, idx_swa = self._index(slots), self._index(swa)
         pool, (hk, hv, hsk, hsv) = self.pool, self.host
         dev = pool.k.device
 
-        def copy_out() -> None:
-            s, ss = src.to(dev, non_blocking=True), src_swa.to(dev, non_blocking=True)
+        def copy() -> None:
+            s, ss = idx.to(dev, non_blocking=True), idx_swa.to(dev, non_blocking=True)
             pairs = ((hk, pool.k, s), (hv, pool.v, s), (hsk, pool.swa_k, ss), (hsv, pool.swa_v, ss))
-            for host, kv, idx in pairs:
-                gathered = kv[:, idx].transpose(0, 1).contiguous()  # [tokens, layers, ...]
-                at = 0
-                for a, b in ranges:
-                    host[a:b].copy_(gathered[at : at + b - a], non_blocking=True)
-                    at += b - a
+            for host, kv, i in pairs:
+                if to_host:
+                    gathered = kv[:, i].transpose(0, 1).contiguous()  # [tokens, layers, ...]
+                    at = 0
+                    for a, b in ranges:
+                        host[a:b].copy_(gathered[at : at + b - a], non_blocking=True)
+                        at += b - a
+                else:
+                    parts = [host[a:b].to(dev, non_blocking=True) for a, b in ranges]
+                    kv[:, i] = torch.cat(parts).transpose(0, 1)
 
-        self._work.append(copy_out)
-        self._touchers.append(("offload", written))
-
-    def _host_blocks(self, n: int) -> list[int] | None:
-        """``n`` free host blocks, evicting least recently used entries for them (copies
-        still queued from an evicted entry run first: one stream, in order)."""
-        while len(self.free_blocks) < n and self.entries:
-            _, old = self.entries.popitem(last=False)
-            for k in old.keys:
-                if self.index.get(k) is old:
-                    del self.index[k]
-            self.free_blocks.extend(old.blocks)
-            self.stats.evictions += 1
-        if len(self.free_blocks) < n:
-            return None
-        return [self.free_blocks.pop() for _ in range(n)]
-
-    def _ranges(self, blocks: list[int]) -> list[tuple[int, int]]:
-        """Host token ranges of ``blocks``, adjacent ones merged (fewer, larger copies)."""
-        out: list[tuple[int, int]] = []
-        for blk in blocks:
-            a, b = blk * self.block, (blk + 1) * self.block
-            if out and out[-1][1] == a:
-                out[-1] = (out[-1][0], b)
-            else:
-                out.append((a, b))
-        return out
+        return copy
 
     def _index(self, values: list[int]) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.int64)

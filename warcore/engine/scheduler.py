@@ -26,7 +26,7 @@ from warcore.device import Device, Stream
 from warcore.engine.requests import Request
 
 if TYPE_CHECKING:
-    from warcore.engine.hicache import HostKVTier
+    from warcore.engine.hicache import HostKVTier, PrefixMatch
 
 __all__ = ["Scheduled", "Scheduler", "SchedulerConfig"]
 
@@ -111,17 +111,19 @@ class Scheduler:
         return scheduled
 
     def _prefill(self) -> Scheduled | None:
-        cfg = self.config
+        cfg, tier = self.config, self.tier
         admitted: list[Request] = []
+        matches: list[PrefixMatch | None] = []
         tokens = 0
         while self.waiting and len(admitted) < cfg.max_prefill_requests:
             req = self.waiting[0]
-            need = req.kv_budget(self.num_draft)
+            match = tier.match(req.prompt) if tier is not None else None
+            need = req.kv_budget(self.num_draft) - (match.shared if match is not None else 0)
             fits = (
                 len(self.running) + len(admitted) < cfg.max_running
                 and self.free_rows
-                and len(self.free_slots) - self.reserved >= need
                 and tokens + len(req.prompt) <= cfg.max_prefill_tokens
+                and self._room(need, match)
             )
             if not fits:
                 break
@@ -131,16 +133,17 @@ class Scheduler:
             self.rows_reused += req.row in self._used_rows
             self._used_rows.add(req.row)
             self.reserved += need
+            if tier is not None and match is not None:
+                tier.admit(req.rid, req.prompt, match)  # its shared blocks are not evicted now
             admitted.append(req)
+            matches.append(match)
         if not admitted:
             return None
         writes = _Writes()
+        cached = [self._take_cached(r, m, writes) for r, m in zip(admitted, matches, strict=True)]
         for req in admitted:
             self._allocate(req, len(req.prompt), writes)
         self._write(*writes.lists())
-        cached = None
-        if self.tier is not None:
-            cached = [self._load_back(req) for req in admitted]
         mq = max(len(r.prompt) for r in admitted)
         step = StepInput(
             ForwardMode.EXTEND,
@@ -148,18 +151,42 @@ class Scheduler:
             [len(r.prompt) for r in admitted],
             mq,
             prompt_ids=[r.prompt + [0] * (mq - len(r.prompt)) for r in admitted],
-            cached=cached,
+            cached=cached if tier is not None else None,
         )
         self.running += admitted
         return Scheduled(step, admitted)
 
-    def _load_back(self, req: Request) -> int:
-        """The prompt positions of ``req`` the host tier loads back into its fresh slots."""
-        assert self.tier is not None
-        cached = self.tier.cached_prefix(req.prompt)
-        if cached:
-            self.tier.load_back(req.prompt, cached, req.slots, req.swa_slots)
-        return cached
+    def _room(self, need: int, match: PrefixMatch | None) -> bool:
+        """Whether ``need`` more slots can be reserved, evicting unshared cached blocks (not
+        ``match``'s) from the device for them."""
+        while len(self.free_slots) - self.reserved < need:
+            freed = self.tier.evict(match) if self.tier is not None else None
+            if freed is None:
+                return False
+            self._free(*freed)
+        return True
+
+    def _take_cached(self, req: Request, match: PrefixMatch | None, writes: _Writes) -> int:
+        """Map ``req``'s cached prefix: shared device blocks as they are, host blocks into
+        fresh slots their load-back fills. The positions its prefill reads, not writes."""
+        if match is None or self.tier is None:
+            return 0
+        b = match.block
+        loads = []
+        for i, blk in enumerate(match.blocks):
+            if blk.slots is not None:
+                slots, swa = blk.slots, blk.swa
+            else:
+                slots = [self.free_slots.pop() for _ in range(b)]
+                swa = [self.free_swa.pop() for _ in range(b)]
+                self.reserved -= b
+                loads.append((blk, slots, swa))
+            for j in range(b):
+                req.slots.append(slots[j])
+                req.swa_slots.append(swa[j])
+                writes.add(req.row, i * b + j, slots[j], swa[j])
+        self.tier.load_back(loads)
+        return match.positions
 
     def _decode(self) -> Scheduled | None:
         width = self.num_draft + 1
@@ -224,12 +251,16 @@ class Scheduler:
         self.running.remove(req)
         self.reserved -= req.kv_budget(self.num_draft) - len(req.slots)
         self.free_rows.append(req.row)
-        if self.tier is not None:
+        slots, swa = req.slots, req.swa_slots
+        if self.tier is not None:  # the prefix cache keeps the prompt's blocks
             offload = req.error is None
-            self.tier.released(req.rid, req.prompt, req.slots, req.swa_slots, offload=offload)
-        self.free_slots.extend(reversed(req.slots))
-        self.free_swa.extend(reversed(req.swa_slots))
-        self._mapping_clears += req.slots
+            slots, swa = self.tier.released(req.rid, req.prompt, slots, swa, offload=offload)
+        self._free(slots, swa)
+
+    def _free(self, slots: list[int], swa: list[int]) -> None:
+        self.free_slots.extend(reversed(slots))
+        self.free_swa.extend(reversed(swa))
+        self._mapping_clears += slots
 
     # -- device writes --------------------------------------------------------------------
     def _write(
