@@ -127,7 +127,8 @@ def test_the_prefill_reads_the_shared_device_kv_instead_of_recomputing_it(
     wctest_expected: dict[int, list[int]],
 ) -> None:
     """Poisoning the blocks the device tier keeps changes the tokens (the serial loop: no race
-    involved), so a hit's prefill really attends over the shared slots and does not write them."""
+    involved), so a hit really maps the shared slots and attends over them (that it does not
+    write them is the load-back test's: it would overwrite loaded K/V)."""
     with Engine(EngineConfig(loop="serial", flags=HICACHE), device="sim") as engine:
         tier, pool = engine.tier, engine.pool
         assert tier is not None

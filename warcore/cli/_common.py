@@ -35,6 +35,7 @@ __all__ = [
     "SEED",
     "Limit",
     "Parser",
+    "add_in_graph_event",
     "add_number",
     "check_offered",
     "check_writable",
@@ -270,6 +271,19 @@ def add_number(
 ) -> None:
     """``option`` with ``limit`` as its type and its range at the end of its help."""
     parser.add_argument(option, type=limit, default=default, help=f"{help_text} ({limit.range})")
+
+
+def add_in_graph_event(parser: argparse.ArgumentParser) -> None:
+    """``--in-graph-event`` (``EngineConfig.in_graph_event``), for every command that builds
+    engines with captured graphs."""
+    parser.add_argument(
+        "--in-graph-event",
+        choices=("persistent", "ring"),
+        default="persistent",
+        help="the captured graphs' read-done event: one persistent event re-armed by every "
+        "replay (default), or a ring of captured nodes, one graph per slot and bucket "
+        "(EngineConfig.in_graph_event)",
+    )
 
 
 def check_writable(

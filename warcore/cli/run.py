@@ -13,6 +13,7 @@ from warcore.cli._common import (
     Command,
     Limit,
     UsageError,
+    add_in_graph_event,
     add_number,
     check_offered,
     check_writable,
@@ -111,14 +112,7 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         "barrier, or after the next step is launched (sglang #31072's shape: the binding "
         "audit warns)",
     )
-    parser.add_argument(
-        "--in-graph-event",
-        choices=("persistent", "ring"),
-        default="persistent",
-        help="the captured graphs' read-done event: one persistent event re-armed by every "
-        "replay (default), or a ring of captured nodes, one graph per slot and bucket "
-        "(EngineConfig.in_graph_event)",
-    )
+    add_in_graph_event(parser)
     parser.add_argument(
         "--no-prefill-staging",
         action="store_true",

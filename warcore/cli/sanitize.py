@@ -17,6 +17,7 @@ from warcore.cli._common import (
     SEED,
     Command,
     UsageError,
+    add_in_graph_event,
     add_number,
     check_offered,
     parse_flags,
@@ -73,14 +74,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="add a second consumer of the read-done event to the binding run: it waits at "
         "the barrier, or only after the next step is launched (sglang #31072's shape)",
     )
-    parser.add_argument(
-        "--in-graph-event",
-        choices=("persistent", "ring"),
-        default="persistent",
-        help="the captured graphs' read-done event: one persistent event re-armed by every "
-        "replay (default), or a ring of captured nodes, one graph per slot and bucket "
-        "(EngineConfig.in_graph_event)",
-    )
+    add_in_graph_event(parser)
     parser.add_argument(
         "--no-bindings",
         action="store_true",
