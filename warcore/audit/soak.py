@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from warcore.core import WarcorePluginManager
     from warcore.engine import Engine, Request
+    from warcore.engine.hicache import PrefixCacheStats
 
 __all__ = ["SoakReport", "soak"]
 
@@ -41,6 +42,16 @@ class SoakReport:
     tokens_loaded: int = 0
     device_evictions: int = 0
     copies_checked: int = 0
+
+    def add_prefix_cache(self, where: str, pc: PrefixCacheStats) -> None:
+        """Count one segment's prefix cache; each unordered copy is a violation."""
+        self.prefix_lookups += pc.lookups
+        self.prefix_hits += pc.hits
+        self.tokens_shared += pc.tokens_shared
+        self.tokens_loaded += pc.tokens_loaded
+        self.device_evictions += pc.device_evictions
+        self.copies_checked += pc.copies_checked
+        self.violations += [f"{where}: {u}" for u in pc.unordered]
 
     @property
     def clean(self) -> bool:
@@ -125,17 +136,8 @@ def soak(
             wrong = sorted(rid for rid, out in served.outputs.items() if out != expected[rid])
             if wrong:
                 report.mismatches.append(f"{name} segment {report.segments}: requests {wrong}")
-            pc = served.prefix_cache
-            if pc is not None:
-                report.prefix_lookups += pc.lookups
-                report.prefix_hits += pc.hits
-                report.tokens_shared += pc.tokens_shared
-                report.tokens_loaded += pc.tokens_loaded
-                report.device_evictions += pc.device_evictions
-                report.copies_checked += pc.copies_checked
-                report.violations += [
-                    f"{name} segment {report.segments}: {u}" for u in pc.unordered
-                ]
+            if served.prefix_cache is not None:
+                report.add_prefix_cache(f"{name} segment {report.segments}", served.prefix_cache)
             audit = sanitize(combo.backend, combo.algorithm, pm=pm, requests=trace)
             report.forwards_checked += audit.checked
             if audit.violation is not None:

@@ -31,7 +31,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hicache",
         action="store_true",
-        help="overlap engines with the host KV tier on (engine flag hicache), over traces "
+        help="overlap engines with the prefix cache and its host KV tier on (engine flag "
+        "hicache; a 256-slot KV pool, so blocks are evicted and loaded back), over traces "
         "whose prompts share prefixes",
     )
 
