@@ -100,6 +100,13 @@ def _run(threads: list[threading.Thread]) -> None:
     assert not any(t.is_alive() for t in threads), "a thread hung"
 
 
+Mark = tuple[bool | None, int]
+"""What is in force, published as one attribute (one atomic store): the state (``None`` while
+a change is under way) and how many times it was published. The count tells a lookup that saw
+the same state before and after it from one that saw it change away and back in between (a
+thread preempted mid-lookup while the owner turned the switch off and on again)."""
+
+
 class Switch:
     """One switch, changed only by its owner thread; ``state`` is what is in force: ``True``
     or ``False`` after the call that set it returned, ``None`` while a call is under way."""
@@ -108,23 +115,28 @@ class Switch:
         self, name: str, setter: Callable[[bool], None], getter: Callable[[], bool]
     ) -> None:
         self.name, self.setter, self.getter = name, setter, getter
-        self.state: bool | None = getter()
+        self.mark: Mark = (getter(), 0)
+
+    @property
+    def state(self) -> bool | None:
+        return self.mark[0]
 
     def set(self, value: bool) -> list[str]:
-        self.state = None
+        self.mark = (None, self.mark[1] + 1)
         self.setter(value)
         # Only this thread changes this switch: it must read what this thread just set.
         lost = [] if self.getter() is value else [f"{self.name}({value}) returned, but was lost"]
-        self.state = value
+        self.mark = (value, self.mark[1] + 1)
         return lost
 
 
 def _stable(switches: list[Switch], lookup: Callable[[], Any]) -> tuple[Any, tuple[Any, ...]]:
-    """``lookup()``, and each switch's state if it did not change during it (else ``None``)."""
-    before = [s.state for s in switches]
+    """``lookup()``, and each switch's state if it was in force all through it (else
+    ``None``): the same mark before and after, so not changed, not even away and back."""
+    before = [s.mark for s in switches]
     value = lookup()
-    after = [s.state for s in switches]
-    return value, tuple(b if b == a else None for b, a in zip(before, after, strict=True))
+    after = [s.mark for s in switches]
+    return value, tuple(b[0] if b == a else None for b, a in zip(before, after, strict=True))
 
 
 class Race:
@@ -138,7 +150,7 @@ class Race:
             "set_prefill_fast_path", pm.set_prefill_fast_path, lambda: pm.config.prefill_fast_path
         )
         self.switches = [self.force, self.fast]
-        self.registered: list[bool | None] = [False] * REGISTRANTS
+        self.registered: list[Mark] = [(False, 0)] * REGISTRANTS
         self.problems: list[str] = []
         self.judged = 0
         self.changes = [0] * (len(self.switches) + REGISTRANTS)
@@ -148,7 +160,7 @@ class Race:
         handle = self.cache.handle(_key(RunnerKind.DECODE, _decode_backend(k), M.DECODE))
         before = self.registered[k]
         point, (forced, _) = _stable(self.switches, lambda: self.cache[handle].record_point)
-        later = before if self.registered[k] == before else None
+        later = before[0] if self.registered[k] == before else None
         self.judged += 1
         what = f"{_decode_backend(k)} decode at {point.name}"
         if forced is True and point is not P.NONE:
@@ -215,12 +227,12 @@ def test_no_switch_or_plugin_change_is_lost_and_no_decision_ignores_one() -> Non
         plugin, name = Later(_decode_backend(k)), f"wctest_later_{k}"
 
         def change(n: int) -> None:
-            race.registered[k] = None
+            race.registered[k] = (None, 2 * n + 1)
             if n % 2 == 0:
                 pm.register(plugin, name=name)
             else:
                 pm.unregister(name=name)
-            race.registered[k] = n % 2 == 0
+            race.registered[k] = (n % 2 == 0, 2 * n + 2)
             race.judge_decode(k)
 
         return change
