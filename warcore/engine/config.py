@@ -190,5 +190,6 @@ class EngineConfig:
             )
         return (
             f"a request reserves 2 x num_draft KV positions beyond its tokens, within a context "
-            f"of {min(self.model.max_context, self.num_slots - 1)}"
+            f"of {min(self.model.max_context, self.num_slots - 1)} (the model's max_context "
+            f"{self.model.max_context}, num_slots {self.num_slots} less the dummy slot)"
         )
