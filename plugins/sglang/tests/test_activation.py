@@ -182,35 +182,57 @@ def test_third_party_declaring_dsv4_decode_post_replay_moves_sglangs_decision(
     assert "_warcore_sglang_sre" not in vars(dsv4)  # ... is taken off again
 
 
-def test_the_runners_last_answer_is_reused_only_while_nothing_changed(installed: Any) -> None:
+class _Capturing:
+    """The device module of a CUDA runner whose graph is being captured (a CPU cannot
+    capture): sglang's ``_record_in_graph_metadata_prep_done`` then plants its in-graph event."""
+
+    class Event:
+        def __init__(self, external: bool = False) -> None:
+            self.recorded = 0
+
+        def record(self) -> None:
+            self.recorded += 1
+
+    def is_current_stream_capturing(self) -> bool:
+        return True
+
+
+def test_the_runners_answers_are_remembered_only_while_nothing_changed(
+    installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang.srt.model_executor.runner_utils import shared_read_event
+
+    monkeypatch.setattr(shared_read_event, "is_cuda", lambda: True)  # the platform check
     sgl = _sgl()
-    runner, dsv4 = _runner(), leaf("dsv4", algorithm("none"))
+    runner, dsv4 = _runner(planted=False), leaf("dsv4", algorithm("none"))
     decode = sgl.mode.DECODE
-    for _ in range(3):  # resolve, then the table, then the runner's last answer
+    for _ in range(2):  # resolved, then remembered: the same answer
+        assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.POST_REPLAY
+    assert vars(runner)["_warcore_sglang_fast"] == (dsv4, {decode: sgl.ends.POST_REPLAY})
+    # the runner plants its in-graph event (sglang's own method, at capture): forgotten, and
+    # the planted answer is sglang's IN_REPLAY
+    runner.device_module = _Capturing()
+    runner._record_in_graph_metadata_prep_done()
+    assert runner.in_graph_metadata_prep_done is not None
+    for _ in range(2):
         assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
-    assert vars(runner)["_warcore_sglang_last"][-1] is sgl.ends.IN_REPLAY
     # another backend on the same runner (pdmux): its own answer, not the last one
     trt = leaf("trtllm_mha", algorithm("none"))
     installed.register(Declares("sglang_trtllm_mha", W.DECODE, SharedReadBoundary.UNKNOWN), "u")
     assert runner._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
     assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
-    # the in-graph event gone (a re-capture without a marker): IN_REPLAY becomes POST_REPLAY
-    runner.in_graph_metadata_prep_done = None
-    assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.POST_REPLAY
-    runner.in_graph_metadata_prep_done = object()
-    for _ in range(2):  # remembered again, for this event
-        assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
-    assert vars(runner)["_warcore_sglang_last"][2] is runner.in_graph_metadata_prep_done
-    # a plugin registered: a new generation, the last answer is not reused
+    # a plugin registered: every remembered answer is forgotten at once
     installed.register(Declares("sglang_dsv4", W.DECODE, SharedReadBoundary.POST_REPLAY), "late")
+    assert "_warcore_sglang_fast" not in vars(runner)
     assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.POST_REPLAY
-    # an UNKNOWN is never remembered: each replay clears the mailbox again
+    # an UNKNOWN clears the mailbox on every replay, remembered or not
     for _ in range(2):
         runner.model_runner.shared_read_done_event = "stale"
         assert runner._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
         assert runner.model_runner.shared_read_done_event is None
     warcore_sglang.uninstall()
-    assert "_warcore_sglang_last" not in vars(runner)
+    assert "_warcore_sglang_fast" not in vars(runner)
+    assert "_warcore_sglang_table" not in vars(runner)
 
 
 def test_an_earlier_declaration_is_a_conflict_and_the_later_stands(installed: Any) -> None:
@@ -259,17 +281,21 @@ def test_a_stale_range_declaration_is_not_applied(installed: Any) -> None:
     assert any(p.startswith("stale declaration: plugin 'stale'") for p in find_problems(installed))
 
 
-def test_install_refuses_an_sglang_outside_the_range(
-    pm: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("version", ["0.5.22", "0.5.23.post1", "0.5.23.1", "0.5.23+g1234abc"])
+def test_install_refuses_every_version_but_the_audited_ones_exactly(
+    pm: Any, monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
-    from warcore_sglang import _names
+    from warcore_sglang import _sglang
     from warcore_sglang.activation import UnsupportedSglangError
 
     points = _patched_points()
     before = {(owner, attr): vars(owner)[attr] for owner, attr in points}
-    monkeypatch.setattr(_names, "SUPPORTED", "sglang>=0.6,<0.7")
-    with pytest.raises(UnsupportedSglangError, match=r"sglang 0\.5\.23 is installed"):
+    monkeypatch.setattr(_sglang, "installed_version", lambda: version)
+    with pytest.raises(UnsupportedSglangError) as info:
         warcore_sglang.install()
+    message = str(info.value)
+    assert f"sglang {version} at " in message and "audited: 0.5.23, exactly" in message
+    assert "sglang's own barrier decisions apply" in message
     assert not warcore_sglang.is_installed()
     assert all(vars(o)[a] is before[(o, a)] for o, a in points)
 

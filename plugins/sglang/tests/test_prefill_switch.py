@@ -37,7 +37,7 @@ CASES = [
     (" Main ", {OPT_OUT: "YES"}, False, f"sglang:{OPT_OUT} is on"),
     ("main", {OPT_OUT: "0"}, True, None),
     ("main", {OPT_OUT: "n"}, True, None),
-    ("main", {OPT_IN: "0"}, True, None),  # ignored under main (warned)
+    ("main", {OPT_IN: "0"}, False, f"sglang:{OPT_IN} is off"),  # sglang's own switch stands
     ("main", {OPT_OUT: "maybe"}, False, f"sglang:{OPT_OUT} is on"),  # unreadable: coarse
 ]
 
@@ -88,13 +88,9 @@ def test_prefill_switch_setting_and_variable_decide_the_prefill(
         assert provenance == why
     else:  # the switch let it through: the declaration decided
         assert "PREFILL" not in provenance, provenance
-    ignored = setting is not None and setting.strip().lower() == "main" and OPT_IN in env
-    unreadable = env.get(OPT_OUT) == "maybe"
-    if ignored:
-        assert any(f"{OPT_IN}='0' is ignored" in m and OPT_OUT in m for m in warned), warned
-    if unreadable:
+    if env.get(OPT_OUT) == "maybe":
         assert any(f"{OPT_OUT}='maybe' is not a boolean" in m for m in warned), warned
-    if not (ignored or unreadable):
+    else:
         assert not warned
 
 
@@ -143,16 +139,16 @@ def test_prefill_switch_a_bad_value_is_refused_at_install(
     assert exit_info.value.code == 2
 
 
-def test_prefill_switch_the_sanitizer_turns_the_fast_path_on_for_each_setting() -> None:
-    assert fast_path_env("0.5.23", {}) == {OPT_IN: "1"}
-    assert fast_path_env("0.5.23", {OPT_IN: "0"}) == {OPT_IN: "0"}  # the caller's stands
-    assert fast_path_env("main", {}) == {}  # main's fast path is on unless opted out
+def test_prefill_switch_the_sanitizer_turns_the_fast_path_on() -> None:
+    assert fast_path_env({}) == {OPT_IN: "1"}
+    assert fast_path_env({OPT_IN: "0"}) == {OPT_IN: "0"}  # the caller's stands
 
 
 def test_prefill_switch_is_read_per_call_after_install(
     pm: Any, wctest_clean_env: pytest.MonkeyPatch
 ) -> None:
-    """The variables are read per call, as sglang reads them; the setting once, at install."""
+    """The variables are read per call, as sglang reads them; the setting once, at install.
+    Under ``main`` the installed sglang's own switch still applies: either one closes."""
     from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -166,11 +162,12 @@ def test_prefill_switch_is_read_per_call_after_install(
     warcore_sglang.install()
     try:
         wctest_clean_env.setenv(ENV_PREFILL_SWITCH, "0.5.23")  # too late: main stays
-        wctest_clean_env.setenv(OPT_IN, "no")
         assert ask() is SharedReadEnds.PRE_REPLAY
         wctest_clean_env.setenv(OPT_OUT, "1")
         assert ask() is SharedReadEnds.UNKNOWN
         wctest_clean_env.setenv(OPT_OUT, "0")
         assert ask() is SharedReadEnds.PRE_REPLAY
+        wctest_clean_env.setenv(OPT_IN, "no")  # sglang's own switch, read by its own code
+        assert ask() is SharedReadEnds.UNKNOWN
     finally:
         warcore_sglang.uninstall()

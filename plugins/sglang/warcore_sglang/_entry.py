@@ -80,6 +80,12 @@ class Status:
     trace: str | None = None
     sanitize: str | None = None
     problems: list[str] = field(default_factory=list)
+    settled: bool = True
+    """Whether the activation is settled (its line can be said): always, but while installed
+    and waiting for sglang's modules to be imported and checked."""
+    ready: bool = False
+    """Whether :func:`sglang_plugin` has done its own part (the trace is set up)."""
+    said: bool = False
 
 
 def _role() -> tuple[str, dict[str, Any]]:
@@ -145,7 +151,8 @@ def _activate(status: Status) -> None:
     try:
         from . import activation
 
-        activation.install()
+        status.settled = False
+        activation.install(on_settled=lambda reason: _settled(status, reason))
         import warcore
 
         status.plugins = [
@@ -161,8 +168,27 @@ def _activate(status: Status) -> None:
         status.level = logging.INFO
         status.activation_s = time.perf_counter() - start
     except Exception as exc:
+        status.settled = True
         status.reason = f"{type(exc).__name__}: {exc}"
         status.level = logging.ERROR
+
+
+def _settled(status: Status, reason: str | None) -> None:
+    """The activation is settled: every watched module checked and patched (``None``), or it
+    took itself off (why). The start-up line is said now, not before: "active" only once it is
+    true."""
+    if reason is not None:
+        status.active = False
+        status.reason = reason
+        status.level = logging.ERROR
+    from .activation import _state
+
+    state = _state.current
+    if state is not None and status.activation_s is not None:
+        status.activation_s += state.seconds  # checking and patching sglang's modules
+    status.settled = True
+    if status.ready:
+        _finish(status)
 
 
 def _observe(status: Status) -> None:
@@ -231,37 +257,49 @@ def _emit(level: int, line: str) -> None:
         print(f"[{logging.getLevelName(level)}] {line}", file=sys.stderr, flush=True)
 
 
+def _finish(status: Status) -> None:
+    """Say the start-up line, once, and write it to the trace."""
+    if status.said:
+        return
+    status.said = True
+    line = startup_line(status)
+    _emit(status.level, line)
+    if status.trace:
+        from . import trace
+
+        trace.write_record(
+            status.trace,
+            {
+                "kind": "process",
+                "pid": status.pid,
+                "ppid": os.getppid(),
+                "role": status.role,
+                "rank": status.rank,
+                "active": status.active,
+                "reason": status.reason,
+                "left_to_schedulers": status.left_to_schedulers,
+                "plugins": status.plugins,
+                "activation_s": status.activation_s,
+                "sanitize": status.sanitize,
+                "status": line.split("): ", 1)[-1],
+                "line": line,
+            },
+        )
+
+
 def sglang_plugin() -> Status | None:
     """The entry point (see the module docstring). Returns what it did (``None`` if it
-    failed, which it logs)."""
+    failed, which it logs). In a process that activates, the start-up line waits until the
+    activation is settled (every watched sglang module checked and patched, at the latest at
+    the end of ``Scheduler.__init__``)."""
     try:
         role, rank = _role()
         status = Status(os.getpid(), role, rank, False, None, logging.INFO)
         _activate(status)
         _observe(status)
-        line = startup_line(status)
-        _emit(status.level, line)
-        if status.trace:
-            from . import trace
-
-            trace.write_record(
-                status.trace,
-                {
-                    "kind": "process",
-                    "pid": status.pid,
-                    "ppid": os.getppid(),
-                    "role": status.role,
-                    "rank": status.rank,
-                    "active": status.active,
-                    "reason": status.reason,
-                    "left_to_schedulers": status.left_to_schedulers,
-                    "plugins": status.plugins,
-                    "activation_s": status.activation_s,
-                    "sanitize": status.sanitize,
-                    "status": line.split("): ", 1)[-1],
-                    "line": line,
-                },
-            )
+        status.ready = True
+        if status.settled:
+            _finish(status)
         return status
     except Exception as exc:  # never take sglang's start-up down
         _emit(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "AUDITED",
     "BASE",
     "FLAG_SPECS",
     "LEAVES",
@@ -42,11 +43,89 @@ __all__ = [
 PREFIX = "sglang_"
 SRT = "sglang.srt."
 
-SUPPORTED = "sglang>=0.5.23,<0.5.24"
-"""The sglang releases whose code the declarations were read from and tested against: every
-answer is ``warcore.Declared(boundary, SUPPORTED)``, so another installed sglang makes them
-stale (not applied, reported by ``warcore check``), and :func:`warcore_sglang.install` refuses
-to patch it."""
+AUDITED: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
+    "0.5.23": {
+        "layers.attention.base_attn_backend": {
+            "AttentionBackend.shared_read_ends": ("(self, fm)", "fa4942e6a4a75424"),
+            "AttentionBackend.resolve_prefill_shared_read_ends": (
+                "(self, forward_batch, *, num_qo_tokens, build_snapshot=True)",
+                "8d615ada273bebc1",
+            ),
+            "AttentionBackend._snapshot_prefill_shared_reads": (
+                "(self, forward_batch, *, num_qo_tokens)",
+                "8c03c786dba4cb28",
+            ),
+            "SharedReadEnds.max_of": ("(items)", "9f4ebe77677c0ba2"),
+        },
+        "speculative.spec_info": {
+            "SpeculativeAlgorithm.supports_prefill_shared_read_done": (
+                "(self)",
+                "d5e1ba8d4cce4e6c",
+            ),
+            "SpeculativeAlgorithm.create_worker": ("(self, server_args)", ""),
+        },
+        "speculative.spec_registry": {
+            "CustomSpecAlgo.supports_prefill_shared_read_done": ("(self)", "efcdff41a7c42f6a"),
+            "get_spec": ("(name)", ""),
+        },
+        "model_executor.runner.decode_cuda_graph_runner": {
+            "DecodeCudaGraphRunner._resolve_shared_read_ends": (
+                "(self, attn_backend, forward_mode)",
+                "0092106b1a2a2ffe",
+            ),
+            "DecodeCudaGraphRunner._publish_read_done": ("(self, in_graph)", "260d989dcf9b767d"),
+            "DecodeCudaGraphRunner._record_in_graph_metadata_prep_done": (
+                "(self)",
+                "6ca78dcdd53714be",
+            ),
+        },
+        "model_executor.runner_utils.shared_read_event": {
+            "maybe_publish_prefill_shared_read_done": (
+                "(model_runner, shared_read_ends, device_module)",
+                "e64097ecb4f76153",
+            ),
+        },
+        "model_executor.model_runner_components.attention_backend_setup": {
+            "_build_full_attention_backend_from_str": (
+                "(*, model_runner, backend_str, init_new_workspace)",
+                "",
+            ),
+        },
+        "managers.tp_worker": {
+            "BaseTpWorker.last_shared_read_runner": ("(self)", "7a5c6c423fb8622e"),
+        },
+        "speculative.base_spec_worker": {
+            "BaseSpecWorker.last_shared_read_runner": ("(self)", "f578485bb3853498"),
+        },
+        "speculative.eagle_worker_v2": {
+            "EAGLEWorkerV2.last_shared_read_runner": ("(self)", "45b014abb26b952d"),
+        },
+        "speculative.multi_layer_eagle_worker_v2": {
+            "MultiLayerEagleWorkerV2.last_shared_read_runner": ("(self)", "f39a3482b8a10f8a"),
+        },
+        "speculative.uno_worker_v2": {
+            "UnoWorkerV2.last_shared_read_runner": ("(self)", "b645ae08530101a1"),
+        },
+        "managers.scheduler": {
+            "Scheduler._apply_war_barrier": ("(self)", "d7d255256af378bc"),
+        },
+    },
+}
+"""The sglang versions warcore-sglang was read from and tested against, exactly (``0.5.23``,
+not ``0.5.23.post1``, ``0.5.23.1`` nor a local build ``0.5.23+g1234abc``: another build is
+other code), each with what the activation relies on in it: module (relative to
+``sglang.srt``) -> ``Qualname`` -> (its signature, the digest of its code, or ``""`` where
+only the signature matters). The shape gate (:mod:`warcore_sglang.activation._shape`) checks
+them where each module is patched; ``tests/test_shape_gate.py`` recomputes them from the
+installed wheel. To audit a new version: read its WAR-barrier code against
+``SGLANG-DRIFT.md``, run the tests on it, and add its table here
+(``python -m warcore_sglang.activation._shape`` prints the installed sglang's)."""
+
+SUPPORTED = " || ".join(f"sglang==={version}" for version in AUDITED)
+"""The audited versions as an implementation range: every answer of the plugin is
+``warcore.Declared(boundary, SUPPORTED)``, so another installed sglang makes them stale (not
+applied, reported by ``warcore check``), and :func:`warcore_sglang.install` refuses to patch
+it. ``===`` compares the version string exactly (``==0.5.23`` would admit local builds)."""
 
 BASE = "sglang_base"
 """``AttentionBackend`` itself: the base declaration every backend without its own inherits."""

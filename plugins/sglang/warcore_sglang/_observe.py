@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import sys
 import threading
@@ -69,7 +70,10 @@ class Barrier:
     """The event that runner held when the barrier ran (``None``: nothing was published)."""
     waits: list[tuple[str, Any]] = field(default_factory=list)
     """What the schedule stream was told: ``("wait_event", event)`` or
-    ``("wait_stream", stream)``; empty when the barrier is off."""
+    ``("wait_stream", stream)``; empty when the barrier is off, or when it waited some other
+    way (on the host, say: sglang #31072)."""
+    enabled: bool = False
+    """The scheduler's ``_war_barrier_enabled``."""
 
 
 class Listener:
@@ -196,7 +200,26 @@ def _set(owner: Any, attr: str, value: Any) -> None:
 
 
 def _wrap(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
-    _set(owner, attr, make(getattr(owner, attr)))
+    """Wrap ``owner.attr`` where the owner defines it; where it does not (renamed, moved),
+    that observation is off, said in one line."""
+    original = vars(owner).get(attr)
+    if not callable(original):
+        _log.error(
+            "warcore-sglang: %s.%s is not there: that observation is off (the trace and the "
+            "sanitizer see less; sglang runs as it would)",
+            owner.__qualname__,
+            attr,
+        )
+        return
+    _set(owner, attr, make(original))
+
+
+def _first_parameter(function: Any) -> str | None:
+    try:
+        params = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params[1] if len(params) > 1 else None
 
 
 def _on_model_runner(module: ModuleType) -> None:
@@ -213,8 +236,46 @@ def _on_model_runner(module: ModuleType) -> None:
 
         return forward
 
-    _wrap(cls, "forward", make_forward)
-    _set(cls, _MAILBOX, _Mailbox())
+    if _first_parameter(vars(cls).get("forward")) == "forward_batch":
+        _wrap(cls, "forward", make_forward)
+    else:
+        _log.error(
+            "warcore-sglang: ModelRunner.forward(self, forward_batch, ...) is not there: "
+            "forwards are not observed (no sanitizer)"
+        )
+    if _MAILBOX in vars(cls):  # sglang made it a class attribute: never shadow its logic
+        _log.error(
+            "warcore-sglang: ModelRunner.%s is a class attribute: publishes are not "
+            "observed (no publish records, no sanitizer)",
+            _MAILBOX,
+        )
+    else:
+        _set(cls, _MAILBOX, _Mailbox())
+
+
+def _observed_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _apply_war_barrier(self: Any) -> Any:
+        enabled = bool(getattr(self, "_war_barrier_enabled", False))
+        try:
+            owner = self.model_worker.last_shared_read_runner if enabled and _listeners else None
+            barrier = Barrier(self, owner, getattr(owner, _MAILBOX, None), enabled=enabled)
+        except Exception:  # observing never changes what the barrier does
+            barrier = Barrier(self, None, None, enabled=enabled)
+            owner = None
+        stream = getattr(self, "schedule_stream", None)
+        swap = owner is not None and stream is not None
+        if swap:
+            self.schedule_stream = _RecordingStream(stream, barrier.waits)
+        try:
+            return original(self)
+        finally:
+            if swap:
+                self.schedule_stream = stream
+            if _listeners:
+                _each("on_barrier", barrier)
+
+    return _apply_war_barrier
 
 
 def _on_scheduler(module: ModuleType) -> None:
@@ -232,28 +293,8 @@ def _on_scheduler(module: ModuleType) -> None:
 
         return run_batch
 
-    def make_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def _apply_war_barrier(self: Any) -> Any:
-            if not _listeners or not getattr(self, "_war_barrier_enabled", False):
-                result = original(self)
-                if _listeners:
-                    _each("on_barrier", Barrier(self, None, None))
-                return result
-            owner = self.model_worker.last_shared_read_runner
-            barrier = Barrier(self, owner, owner.shared_read_done_event)
-            stream = self.schedule_stream
-            self.schedule_stream = _RecordingStream(stream, barrier.waits)
-            try:
-                return original(self)
-            finally:
-                self.schedule_stream = stream
-                _each("on_barrier", barrier)
-
-        return _apply_war_barrier
-
     _wrap(cls, "run_batch", make_run_batch)
-    _wrap(cls, "_apply_war_barrier", make_barrier)
+    _wrap(cls, "_apply_war_barrier", _observed_barrier)
 
 
 _WATCH: dict[str, Callable[[ModuleType], None]] = {
@@ -263,9 +304,21 @@ _WATCH: dict[str, Callable[[ModuleType], None]] = {
 
 
 def _apply(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
+    """A module's observation points, patched where they are as audited; a failure is one line
+    and leaves that module unobserved, never an error in sglang's import."""
     with _lock:
-        if _listeners:
+        if not _listeners:
+            return
+        try:
             callback(module)
+        except Exception as exc:
+            _log.error(
+                "warcore-sglang: observing %s failed (%s: %s): not observed (the trace and the "
+                "sanitizer see less; sglang runs as it would)",
+                module.__name__,
+                type(exc).__name__,
+                exc,
+            )
 
 
 def install(listener: Listener) -> None:
@@ -281,7 +334,7 @@ def install(listener: Listener) -> None:
         for name, callback in _WATCH.items():
             module = sys.modules.get(name)
             if module is not None:
-                callback(module)
+                _apply(callback, module)
             else:
                 pending[name] = functools.partial(_apply, callback)
         _finder = PostImportFinder(pending)
@@ -304,7 +357,8 @@ def uninstall(listener: Listener | None = None) -> None:
         _finder = None
         for owner, attr, original in reversed(_patches):
             if original is _MISSING:
-                delattr(owner, attr)
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, attr)
             else:
                 setattr(owner, attr, original)
         _patches.clear()

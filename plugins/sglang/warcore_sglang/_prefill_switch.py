@@ -1,12 +1,15 @@
-"""Which sglang switch decides whether the prefill may publish early: 0.5.23's or main's.
+"""Which sglang switches decide whether the prefill may publish early: 0.5.23's, or main's too.
 
 sglang 0.5.23 reads the opt-in ``SGLANG_ENABLE_PREFILL_WAR_READ_DONE`` (``EnvBool(True)`` in the
-0.5.23 wheel: on unless set false); sglang main (#37958, open) replaces it with the opt-out
-``SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER`` (the prefill fast path is on unless it is set true).
-``WARCORE_SGLANG_PREFILL_SWITCH`` says which of the two warcore-sglang's activation reads:
-``0.5.23`` (the default: the installed sglang's own variable, exactly as its code reads it) or
-``main``. Every place that reads the switch (the patched prefill resolver, its provenance, the
-trace, the sanitizer) goes through :func:`read_prefill_switch`, so they cannot disagree.
+0.5.23 wheel: on unless set false) in its own prefill resolver; sglang main (#37958, open)
+replaces it with the opt-out ``SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER`` (the prefill fast
+path is on unless it is set true). The activation always calls sglang's own resolver first, so
+the installed sglang's switch is always in force. ``WARCORE_SGLANG_PREFILL_SWITCH`` says
+whether main's opt-out is read too: ``0.5.23`` (the default: only the installed sglang's own
+switch) or ``main`` (its opt-out as well; on an sglang that already reads it, that is its own
+reading). Either variable can only close the fast path: an operator's "off" always wins. Every
+place that reads the switches (the patched prefill resolver, its provenance, the trace, the
+sanitizer) goes through :func:`read_prefill_switch`, so they cannot disagree.
 
 Standard library only: the trace and the sanitizer import this before warcore or sglang.
 """
@@ -31,8 +34,9 @@ __all__ = [
 ]
 
 ENV_PREFILL_SWITCH = "WARCORE_SGLANG_PREFILL_SWITCH"
-"""Which sglang switch the activation reads for the prefill fast path: ``0.5.23`` (default) or
-``main``; any other value: :func:`warcore_sglang.install` raises :class:`PrefillSwitchError`."""
+"""Whether the activation also reads sglang main's prefill opt-out: ``0.5.23`` (default: the
+installed sglang's own switch only) or ``main``; any other value:
+:func:`warcore_sglang.install` raises :class:`PrefillSwitchError`."""
 OPT_IN = "SGLANG_ENABLE_PREFILL_WAR_READ_DONE"
 """sglang 0.5.23's switch: the prefill fast path is on while it reads true."""
 OPT_OUT = "SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER"
@@ -77,22 +81,17 @@ def prefill_switch_setting(environ: Mapping[str, str]) -> str:
 
 
 def read_prefill_switch(setting: str, environ: Mapping[str, str], envs: Any) -> PrefillSwitch:
-    """Whether sglang's prefill switch, read the way ``setting`` says, lets the prefill publish
-    early. ``envs`` is sglang's ``srt.environ.envs``: the 0.5.23 variable is read through it
-    (its default and its parsing, exactly as sglang's own resolver); the main variable through
-    it where this sglang knows it, else from ``environ`` with sglang's boolean parsing (``envs``
-    may be ``None`` under ``main``: sglang's ``environ`` module not imported yet)."""
+    """Whether the switch ``setting`` names lets the prefill publish early. ``envs`` is sglang's
+    ``srt.environ.envs``: the 0.5.23 variable is read through it (its default and its parsing,
+    exactly as sglang's own resolver); the main variable through it where this sglang knows
+    it, else from ``environ`` with sglang's boolean parsing (``envs`` may be ``None`` under
+    ``main``: sglang's ``environ`` module not imported yet)."""
     if setting == "0.5.23":
         on = bool(getattr(envs, OPT_IN).get())
         return PrefillSwitch(on, f"sglang:{OPT_IN} is {'on' if on else 'off'}")
     if setting != "main":
         raise PrefillSwitchError(f"unknown prefill switch setting {setting!r}")
-    warnings = []
-    if OPT_IN in environ:
-        warnings.append(
-            f"warcore-sglang: {OPT_IN}={environ[OPT_IN]!r} is ignored: "
-            f"{ENV_PREFILL_SWITCH}=main reads {OPT_OUT} instead"
-        )
+    warning = None
     if hasattr(envs, OPT_OUT):  # a sglang that knows the variable: its own reading
         coarse = bool(getattr(envs, OPT_OUT).get())
     else:
@@ -103,20 +102,16 @@ def read_prefill_switch(setting: str, environ: Mapping[str, str], envs: Any) -> 
             # sglang would warn and take its default (off: fast path on); an opt-out the
             # operator typed wrong is taken as set instead, the side that cannot race
             coarse = True
-            warnings.append(
+            warning = (
                 f"warcore-sglang: {OPT_OUT}={raw!r} is not a boolean sglang reads "
                 f"({', '.join(sorted(_TRUE | _FALSE))}): taken as set (coarse prefill)"
             )
     source = f"sglang:{OPT_OUT} is {'on' if coarse else 'off'}"
-    return PrefillSwitch(not coarse, source, "; ".join(warnings) or None)
+    return PrefillSwitch(not coarse, source, warning)
 
 
-def fast_path_env(setting: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables a run that audits early prefill declarations sets so that sglang's switch,
-    read as ``setting`` says, lets them publish, unless ``environ`` (the caller's, inherited)
-    already says otherwise: 0.5.23's opt-in set ``1`` where unset; nothing under ``main`` (its
-    fast path is on unless the opt-out is set, and setting the ignored opt-in would only warn).
-    """
-    if setting == "main":
-        return {}
+def fast_path_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a run that audits early prefill declarations sets so that sglang's own
+    switch lets them publish, unless ``environ`` (the caller's, inherited) already says
+    otherwise: 0.5.23's opt-in set ``1`` where unset (main's opt-out is off unless set)."""
     return {OPT_IN: environ.get(OPT_IN, "1")}

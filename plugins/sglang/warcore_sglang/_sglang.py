@@ -26,8 +26,6 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from packaging.requirements import Requirement
-
 from warcore import BoundaryContext, ForwardMode, SharedReadBoundary, StepFacts
 from warcore.core import validate_name
 
@@ -84,12 +82,16 @@ def installed_version() -> str | None:
 
 
 def unsupported_reason() -> str | None:
-    """``None`` when the installed sglang is inside :data:`SUPPORTED`, else why not."""
+    """``None`` when the installed sglang is one of :data:`~._names.AUDITED`'s versions
+    (compared exactly: ``0.5.23.post1`` or ``0.5.23+g1234`` is other code), else why not."""
     version = installed_version()
     if version is None:
         return "sglang is not installed"
-    if not Requirement(_names.SUPPORTED).specifier.contains(version, prereleases=True):
-        return f"sglang {version} is installed; warcore-sglang supports {_names.SUPPORTED}"
+    if version not in _names.AUDITED:
+        return (
+            f"sglang {version} is installed; warcore-sglang audited "
+            f"{', '.join(_names.AUDITED)} (exactly)"
+        )
     return None
 
 
@@ -398,18 +400,19 @@ def _worker_class(algo: Any, facts: StepFacts) -> type:
 def event_owner(algorithm: str, facts: StepFacts) -> str | None:
     """``"target"`` or ``"draft"``: which runner sglang's worker class for ``algorithm``
     returns from ``last_shared_read_runner`` for these facts, asked of a bare worker; ``None``
-    when the algorithm is not sglang's or its worker class cannot be imported here."""
+    when the algorithm is not sglang's. Raises where its worker class cannot be had here (an
+    import a GPU build provides, a custom factory that needs real server args): a failure,
+    which the core turns into no owner (the coarse barrier), never its default ``target``."""
     algo = sglang_algorithm(algorithm)
     if algo is None:
         return None
     try:
         worker_cls = _worker_class(algo, facts)
-    except ImportError:
-        return None  # uno (flashinfer) and ngram (sgl_kernel) workers need a GPU build
-    except Exception:
-        if isinstance(algo, api().CustomSpecAlgo):
-            return None  # a custom factory may need real server args: its worker is unknown
-        raise
+    except Exception as exc:  # uno (flashinfer), ngram (sgl_kernel): a GPU build's imports
+        raise RuntimeError(
+            f"sglang's worker for {algorithm} cannot be imported here ({type(exc).__name__}: "
+            f"{exc}): its event owner is unknown (no owner: coarse barrier)"
+        ) from None
     prop = original(worker_cls, "last_shared_read_runner")
     target = SimpleNamespace(role="target", spec_algorithm=algo, shared_read_done_event=None)
     draft = SimpleNamespace(role="draft", spec_algorithm=algo, shared_read_done_event=None)

@@ -100,7 +100,7 @@ def poison_rows(model_runner: Any, forward_batch: Any) -> list[tuple[str, Any, A
     table[rows] = _shift(saved, size).to(table.dtype)
     done: list[tuple[str, Any, Any, Any]] = [("req_to_token", table, rows, saved)]
     mapping = getattr(pool, "full_to_swa_index_mapping", None)
-    if mapping is not None and hasattr(mapping, "index_put_"):
+    if mapping is not None and hasattr(mapping, "index_put_") and mapping.numel():
         slots = saved.reshape(-1).long().unique()
         slots = slots[(slots >= 0) & (slots < mapping.shape[0])]
         original = mapping[slots].clone()
@@ -108,6 +108,17 @@ def poison_rows(model_runner: Any, forward_batch: Any) -> list[tuple[str, Any, A
         mapping[slots] = _shift(original, swa_size).to(mapping.dtype)
         done.append(("full_to_swa_index_mapping", mapping, slots, original))
     return done
+
+
+def not_covered(model_runner: Any, done: list[tuple[str, Any, Any, Any]]) -> list[str]:
+    """The scheduler-shared buffers this runner's model has and :func:`poison_rows` could not
+    find: a sliding-window model's SWA index map that is not where sglang 0.5.23 keeps it
+    (``token_to_kv_pool.full_to_swa_index_mapping``). Its reads are not checked."""
+    pool = getattr(model_runner, "token_to_kv_pool", None)
+    swa = bool(getattr(model_runner, "is_hybrid_swa", False)) or hasattr(pool, "size_swa")
+    poisoned = {name for name, *_ in done}
+    swa_map = "full_to_swa_index_mapping"
+    return [swa_map] if swa and swa_map not in poisoned else []
 
 
 def restore(done: list[tuple[str, Any, Any, Any]]) -> None:
@@ -154,6 +165,7 @@ class Sanitizer(_observe.Listener):
                 "provenance": why,
                 "rids": rids,
                 "buffers": [name for name, *_ in done],
+                "not_covered": not_covered(runner, done),
                 "rows": int(done[0][2].numel()),
             },
         )
@@ -207,10 +219,24 @@ class Group:
     requests: set[str] = field(default_factory=set)
     changed: set[str] = field(default_factory=set)
     """Requests of these batches whose tokens differ from their unpoisoned run."""
+    not_covered: set[str] = field(default_factory=set)
+    """Shared buffers the model has that could not be found to poison: not checked."""
 
     @property
     def violation(self) -> bool:
         return bool(self.changed)
+
+    @property
+    def verdict(self) -> str:
+        if self.violation:
+            return f"VIOLATION: {len(self.changed)} of {len(self.requests)} requests changed tokens"
+        if self.not_covered:
+            return (
+                f"NOT COVERED: {', '.join(sorted(self.not_covered))} could not be found to "
+                f"poison (its reads are not checked; {len(self.requests)} requests kept their "
+                "tokens)"
+            )
+        return f"sound: all {len(self.requests)} requests kept their tokens"
 
 
 @dataclass
@@ -227,7 +253,8 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.violations and not self.unexplained
+        uncovered = any(g.not_covered for g in self.groups)
+        return not self.violations and not self.unexplained and not uncovered
 
     def lines(self) -> list[str]:
         out = [f"sanitizer: {self.compared} requests compared with their unpoisoned run"]
@@ -236,14 +263,9 @@ class Report:
                 "  no publish point was poisoned: nothing published before its forward ended"
             )
         for g in self.groups:
-            verdict = (
-                f"VIOLATION: {len(g.changed)} of {len(g.requests)} requests changed tokens"
-                if g.violation
-                else f"sound: all {len(g.requests)} requests kept their tokens"
-            )
             out.append(
                 f"  {g.backend} {g.mode} published at {g.record_point} (declared {g.declared}, "
-                f"{g.provenance}): {g.publishes} publishes poisoned; {verdict}"
+                f"{g.provenance}): {g.publishes} publishes poisoned; {g.verdict}"
             )
         if self.unexplained:
             out.append(
@@ -279,6 +301,7 @@ def compare(
         if g is None:
             g = groups[key] = Group(*key, declared=r.get("declared", "?"))
         g.publishes += 1
+        g.not_covered |= set(r.get("not_covered", []))
         rids = set(r.get("rids", [])) & set(poisoned)
         g.requests |= rids
         g.changed |= rids & changed
@@ -328,7 +351,7 @@ def _run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]
         env = {trace.ENV_TRACE: trace_path, ENV_SANITIZE: "tagged"}
         # the prefill fast path on, so that early prefill declarations publish (and are
         # audited), unless the caller's environment says otherwise
-        env.update(fast_path_env(prefill_switch_setting(os.environ), os.environ))
+        env.update(fast_path_env(os.environ))
         if args.cpu_tiny_model:
             serving.write_tiny_model(args.cpu_tiny_model)
             engine = serving.cpu_engine_args(args.cpu_tiny_model)
@@ -350,7 +373,13 @@ def _run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]
 
 def _report_json(report: Report) -> str:
     groups = [
-        {**g.__dict__, "requests": sorted(g.requests), "changed": sorted(g.changed)}
+        {
+            **g.__dict__,
+            "requests": sorted(g.requests),
+            "changed": sorted(g.changed),
+            "not_covered": sorted(g.not_covered),
+            "verdict": g.verdict,
+        }
         for g in report.groups
     ]
     doc = {"ok": report.ok, "groups": groups, "unexplained": report.unexplained}

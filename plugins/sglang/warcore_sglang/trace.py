@@ -57,6 +57,8 @@ ENV_TRACE = "WARCORE_SGLANG_TRACE"
 """``FILE``: every sglang process with warcore-sglang's entry point appends its trace there."""
 
 FINE, COARSE, OFF = "wait_event", "wait_stream", "disabled"
+UNOBSERVED = "unobserved"
+"""The barrier was on but told the schedule stream nothing (it waited some other way)."""
 
 
 def write_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
@@ -237,7 +239,7 @@ class Tracer(_observe.Listener):
             latest = self._published.get(id(barrier.owner))
             published = latest if latest is not None and latest[0] is barrier.event else None
         branches = [kind for kind, _ in barrier.waits]
-        branch = "+".join(branches) if branches else OFF
+        branch = "+".join(branches) if branches else UNOBSERVED if barrier.enabled else OFF
         runner = barrier.owner if _owner(barrier.owner) != "none" else None
         if published is not None:
             info = published[1]

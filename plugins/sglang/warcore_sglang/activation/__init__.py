@@ -63,7 +63,7 @@ from .. import ENV_ACTIVATE, ENV_CHECK_RANKS, ENV_PREFILL_SWITCH
 from .._prefill_switch import PrefillSwitchError
 from ._answers import explain, explain_prefill
 from ._identity import identify
-from ._lifecycle import UnsupportedSglangError, install, is_installed, sglang_plugin, uninstall
+from ._lifecycle import UnsupportedSglangError, checkpoint, install, is_installed, uninstall
 from ._ranks import _check_ranks as _check_ranks  # the tests run the check by hand
 from ._ranks import rank_cells
 
@@ -73,12 +73,12 @@ __all__ = [
     "ENV_PREFILL_SWITCH",
     "PrefillSwitchError",
     "UnsupportedSglangError",
+    "checkpoint",
     "explain",
     "explain_prefill",
     "identify",
     "install",
     "is_installed",
     "rank_cells",
-    "sglang_plugin",
     "uninstall",
 ]

@@ -1,34 +1,44 @@
-"""Install and uninstall: which sglang modules are patched, and when.
+"""Install and uninstall: which sglang modules are checked and patched, and when.
 
-:func:`install` imports nothing of sglang itself: it is what sglang's ``load_plugins()`` calls
-first thing in every server process, before the runner and backend modules are imported. So it
-patches the watched modules already imported and puts a post-import hook at the front of
-``sys.meta_path`` for the rest (:class:`warcore_sglang._post_import.PostImportFinder`).
-:func:`uninstall` removes the hook, restores every patched attribute exactly and takes the
-per-instance caches off the objects that hold them.
+:func:`install` refuses an sglang version it has not audited and imports nothing of sglang
+itself: it is what sglang's ``load_plugins()`` calls first thing in every server process, before
+the runner and backend modules are imported. So it checks and patches the watched modules
+already imported and puts a post-import hook at the front of ``sys.meta_path`` for the rest
+(:class:`warcore_sglang._post_import.PostImportFinder`). Each watched module passes the shape
+gate (:mod:`._shape`) before it is patched. The activation is *settled* once every watched
+module is patched: at the latest at the end of ``Scheduler.__init__``, where a watched module
+that was never imported is imported (or named, when it no longer exists). A failed check or
+patch, wherever it happens, takes the activation off (:func:`_take_off`): every patched
+attribute is put back and sglang's own decisions apply, said in one ERROR line.
+:func:`uninstall` does the same on request.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import importlib.util
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from warcore.core import get_plugin_manager
 
 from .. import _sglang
-from .._names import SRT
+from .._names import AUDITED, SRT
 from .._post_import import PostImportFinder
 from .._prefill_switch import DEFAULT, prefill_switch_setting, read_prefill_switch
-from . import _machinery, _ranks, _state
-from ._machinery import patch_tree, set_attr
+from . import _machinery, _ranks, _shape, _state
+from ._machinery import on_subclasses, patch_tree, set_attr, wrap
 from ._owner import make_owner_property
 from ._points import (
     make_builder,
+    make_record_marker,
     make_resolve_decode,
     make_resolve_prefill,
     make_shared_read_ends,
@@ -39,52 +49,102 @@ logger = logging.getLogger("warcore.sglang")
 
 
 class UnsupportedSglangError(RuntimeError):
-    """The installed sglang is outside the range warcore-sglang was read from and tested on."""
+    """The installed sglang is not one warcore-sglang audited (its version, or its code)."""
+
+
+# -- the gate --------------------------------------------------------------------------------
+
+
+def _version() -> str:
+    state = _state.current
+    return state.version if state is not None else ""
+
+
+def _gate(module: ModuleType) -> None:
+    check = _shape.MODULE_CHECKS.get(module.__name__)
+    if check is not None:
+        check(module)
+    _shape.check_audited(module, _version())
+
+
+def _worker_gate(cls: type) -> None:
+    """A worker class defining ``last_shared_read_runner``: the audited ones are checked; any
+    other is bounded all the same (the patched owner never moves sglang's)."""
+    module = sys.modules[cls.__module__]
+    audited = AUDITED[_version()].get(cls.__module__.removeprefix(SRT), {})
+    if any(q.startswith(cls.__qualname__ + ".") for q in audited):
+        _shape.check_audited(module, _version(), owner=cls.__qualname__)
+        return
+    _state.log_once(
+        ("unaudited-worker", cls),
+        logging.INFO,
+        f"warcore-sglang: {cls.__module__}.{cls.__qualname__} names its own event owner and "
+        "was not audited: the barrier follows it, or is coarse where warcore disagrees",
+    )
+
+
+def _no_writer_of_the_marker(cls: type) -> None:
+    """A decode runner's remembered answers are forgotten where its in-graph event is planted
+    (:func:`~._points.make_record_marker`): no other method may set it."""
+    if cls.__name__ == "DecodeCudaGraphRunner":
+        return  # the base: checked with its module
+    writers = _shape._writers(cls, "in_graph_metadata_prep_done")
+    if writers:
+        raise _shape.ShapeMismatch(
+            f"{cls.__qualname__}.in_graph_metadata_prep_done",
+            f"assigned in {sorted(writers)} (audited: only DecodeCudaGraphRunner sets it)",
+        )
+
+
+# -- what each watched module gets -----------------------------------------------------------
 
 
 def _on_base_backend(module: ModuleType) -> None:
-    backend = module.AttentionBackend
-    patch_tree(backend, "shared_read_ends", make_shared_read_ends)
-    set_attr(
-        backend,
-        "resolve_prefill_shared_read_ends",
-        make_resolve_prefill(vars(backend)["resolve_prefill_shared_read_ends"]),
-    )
+    _gate(module)
+    patch_tree(module.AttentionBackend, "shared_read_ends", make_shared_read_ends)
+    patch_tree(module.AttentionBackend, "resolve_prefill_shared_read_ends", make_resolve_prefill)
 
 
 def _on_spec_info(module: ModuleType) -> None:
+    _gate(module)
     algo = module.SpeculativeAlgorithm
-    set_attr(
-        algo,
-        "supports_prefill_shared_read_done",
-        make_supports_prefill(vars(algo)["supports_prefill_shared_read_done"]),
-    )
+    original = vars(algo)["supports_prefill_shared_read_done"]
+    set_attr(algo, "supports_prefill_shared_read_done", make_supports_prefill(original))
 
 
 def _on_spec_registry(module: ModuleType) -> None:
+    _gate(module)
     patch_tree(module.CustomSpecAlgo, "supports_prefill_shared_read_done", make_supports_prefill)
 
 
 def _on_decode_runner(module: ModuleType) -> None:
-    patch_tree(module.DecodeCudaGraphRunner, "_resolve_shared_read_ends", make_resolve_decode)
+    _gate(module)
+    runner = module.DecodeCudaGraphRunner
+    on_subclasses(runner, "in_graph_metadata_prep_done", _no_writer_of_the_marker)
+    patch_tree(runner, "_resolve_shared_read_ends", make_resolve_decode)
+    patch_tree(runner, "_record_in_graph_metadata_prep_done", make_record_marker)
 
 
 def _on_spec_worker(module: ModuleType) -> None:
-    patch_tree(module.BaseSpecWorker, "last_shared_read_runner", make_owner_property)
+    _gate(module)
+    patch_tree(module.BaseSpecWorker, "last_shared_read_runner", make_owner_property, _worker_gate)
 
 
 def _on_tp_worker(module: ModuleType) -> None:
-    patch_tree(module.BaseTpWorker, "last_shared_read_runner", make_owner_property)
+    _gate(module)
+    patch_tree(module.BaseTpWorker, "last_shared_read_runner", make_owner_property, _worker_gate)
 
 
 def _on_backend_setup(module: ModuleType) -> None:
+    _gate(module)
     name = "_build_full_attention_backend_from_str"
     set_attr(module, name, make_builder(vars(module)[name]))
 
 
 def _on_scheduler(module: ModuleType) -> None:
+    _gate(module)
     scheduler = module.Scheduler
-    set_attr(scheduler, "__init__", _ranks.make_scheduler_init(vars(scheduler)["__init__"]))
+    set_attr(scheduler, "__init__", _make_scheduler_init(vars(scheduler)["__init__"]))
 
 
 _WATCH: dict[str, Callable[[ModuleType], None]] = {
@@ -95,28 +155,145 @@ _WATCH: dict[str, Callable[[ModuleType], None]] = {
     SRT + "speculative.base_spec_worker": _on_spec_worker,
     SRT + "managers.tp_worker": _on_tp_worker,
     SRT + "model_executor.model_runner_components.attention_backend_setup": _on_backend_setup,
+    SRT + "model_executor.model_runner": _gate,  # the mailbox the owner clears
+    SRT + "model_executor.runner_utils.shared_read_event": _gate,  # the prefill publisher
+    SRT + "managers.scheduler": _on_scheduler,  # the barrier; the checkpoint
 }
-_SCHEDULER = SRT + "managers.scheduler"
+"""Every sglang module the activation relies on -> its check-and-patch step."""
+
+
+# -- settling: every watched module patched, or the activation off ---------------------------
+
+
+def _make_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scheduler.__init__``, then the checkpoint and (when asked) the rank check."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        checkpoint()
+        _ranks.check_if_requested()
+
+    return wrap(__init__, original)
+
+
+def checkpoint() -> None:
+    """Settle now: import each watched module not imported yet (its check and patch run), or
+    name the ones that no longer exist and take the activation off."""
+    state = _state.current
+    if state is None or state.finder is None:
+        return
+    start = time.perf_counter()
+    for name in sorted(state.finder.callbacks):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            _take_off(f"module {name}", "watched, and not in this sglang (moved or renamed?)")
+            return
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a GPU build's import: this process never uses its points
+            state.finder.callbacks.pop(name, None)
+        if _state.current is None:
+            return  # it failed its check
+    state.seconds += time.perf_counter() - start
+    _settle_if_done()
+
+
+def _on_import(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
+    start = time.perf_counter()
+    _machinery.apply(callback, module)
+    state = _state.current
+    if state is not None:
+        state.seconds += time.perf_counter() - start
+        _settle_if_done()
+
+
+def _settle_if_done() -> None:
+    state = _state.current
+    if state is None or (state.finder is not None and state.finder.callbacks):
+        return
+    _tell(state, None)
+
+
+def _tell(state: _state.State, reason: str | None) -> None:
+    callback, state.on_settled = state.on_settled, None
+    if callback is not None:
+        callback(reason)
+    elif reason is not None:
+        logger.error("warcore-sglang: warcore taken off in process %d: %s", os.getpid(), reason)
+    else:
+        logger.info(
+            "warcore-sglang: active in process %d (sglang %s; every watched module checked and "
+            "patched in %.3f s)",
+            os.getpid(),
+            state.version,
+            state.seconds,
+        )
+
+
+def describe_sglang() -> str:
+    """``sglang <version> at <folder> (commit <id>)``: which sglang this process runs."""
+    version = _sglang.installed_version()
+    where = "(not importable)"
+    commit = None
+    spec = importlib.util.find_spec("sglang")
+    if spec is not None and spec.origin is not None:
+        where = os.path.dirname(spec.origin)
+    module = sys.modules.get("sglang._version")
+    commit = getattr(module, "__commit_id__", None) if module is not None else None
+    return f"sglang {version} at {where} (commit {commit or 'unknown'})"
+
+
+def _take_off(check: str, detail: str) -> None:
+    """A shape check (or a patch) failed: put everything back; sglang's own decisions apply."""
+    with _state.lock:
+        state = _state.current
+        if state is None:
+            return
+        _restore(state)
+        _state.current = None
+        _state.drop_caches()
+        reason = (
+            f"{describe_sglang()} differs from the audited {state.version} at {check}: "
+            f"{detail}; sglang's own barrier decisions apply"
+        )
+        _state.degraded = reason
+    _tell(state, reason)
+
+
+def _on_failure(what: str, exc: Exception) -> None:
+    if isinstance(exc, _shape.ShapeMismatch):
+        _take_off(exc.check, exc.detail)
+    else:
+        _take_off(f"patching {what}", f"{type(exc).__name__}: {exc}")
+
+
+# -- install, uninstall ----------------------------------------------------------------------
 
 
 def is_installed() -> bool:
     return _state.current is not None
 
 
-def _refuse_unsupported() -> None:
-    reason = _sglang.unsupported_reason()
-    if reason is not None:
+def _refuse_unsupported() -> str:
+    version = _sglang.installed_version()
+    if version is None:
+        raise UnsupportedSglangError("sglang is not installed")
+    if version not in AUDITED:
         raise UnsupportedSglangError(
-            f"warcore-sglang will not patch this sglang: {reason} (its declarations were "
-            "read from that release's code; another release may declare differently)"
+            f"{describe_sglang()} is not a version warcore-sglang has audited (audited: "
+            f"{', '.join(AUDITED)}, exactly); sglang's own barrier decisions apply"
         )
+    return version
 
 
 def _patch_watched(state: _state.State, watch: dict[str, Callable[[ModuleType], None]]) -> None:
-    """Patch the watched modules imported already; hook the others' first import."""
+    """Check and patch the watched modules imported already; hook the others' first import."""
     pending = {name: cb for name, cb in watch.items() if name not in sys.modules}
     state.finder = PostImportFinder(
-        {name: functools.partial(_machinery.apply, cb) for name, cb in pending.items()}
+        {name: functools.partial(_on_import, cb) for name, cb in pending.items()}
     )
     sys.meta_path.insert(0, state.finder)
     for name, callback in watch.items():
@@ -125,59 +302,72 @@ def _patch_watched(state: _state.State, watch: dict[str, Callable[[ModuleType], 
             callback(module)
 
 
-def install(*, check_ranks: bool | None = None) -> None:
+def install(
+    *, check_ranks: bool | None = None, on_settled: Callable[[str | None], None] | None = None
+) -> None:
     """Make sglang's declaration points in this process answer through warcore (idempotent).
 
-    Patches what is imported now and, through a post-import hook, each watched module when it
-    is imported later. ``check_ranks`` (default: ``WARCORE_SGLANG_CHECK_RANKS``) also runs the
-    rank check at the end of every ``Scheduler.__init__``. Raises
-    :class:`UnsupportedSglangError` when the installed sglang is outside
-    ``warcore_sglang.SUPPORTED``, and :class:`~warcore_sglang._prefill_switch.PrefillSwitchError`
-    when ``WARCORE_SGLANG_PREFILL_SWITCH`` names no switch (nothing is patched either way: sglang
-    then runs as shipped, its own switch deciding; warcore-sglang never guesses which switch an
-    operator meant).
+    Checks and patches what is imported now and, through a post-import hook, each watched
+    module when it is imported later. ``on_settled`` is told once: ``None`` when every watched
+    module is checked and patched (at the latest at the end of ``Scheduler.__init__``), or the
+    reason the activation took itself off. ``check_ranks`` (default:
+    ``WARCORE_SGLANG_CHECK_RANKS``) also runs the rank check at the end of every
+    ``Scheduler.__init__``. Raises :class:`UnsupportedSglangError` for an sglang version not
+    in ``warcore_sglang._names.AUDITED`` or one whose imported modules fail the shape gate,
+    and :class:`~warcore_sglang._prefill_switch.PrefillSwitchError` when
+    ``WARCORE_SGLANG_PREFILL_SWITCH`` names no switch (nothing is patched then: sglang runs as
+    shipped, its own switch deciding).
     """
     with _state.lock:
         if _state.current is not None:
             return
-        _refuse_unsupported()
+        version = _refuse_unsupported()
         switch = prefill_switch_setting(os.environ)
         pm = get_plugin_manager()
         state = _state.State(
-            pm=pm, plugin_names=_state.sglang_plugin_names(pm), prefill_switch=switch
+            pm=pm,
+            plugin_names=_state.sglang_plugin_names(pm),
+            prefill_switch=switch,
+            version=version,
+            on_failure=_on_failure,
         )
         _state.current = state
+        _state.degraded = None
         _state.invalidate()
         pm.add_change_listener(_state.on_change)
-        if not state.plugin_names:
-            logger.warning(
-                "warcore-sglang: warcore's plugin 'sglang' is not loaded (WARCORE_PLUGINS or "
-                "WARCORE_DISABLE_PLUGINS?): sglang's own declarations are not among warcore's "
-                "answers; each answer stays at least sglang's own for the instance"
-            )
-        watch = dict(_WATCH)
-        if check_ranks if check_ranks is not None else _ranks.requested():
-            watch[_SCHEDULER] = _on_scheduler
+        _ranks.set_requested(check_ranks)
         try:
-            _patch_watched(state, watch)
+            _patch_watched(state, dict(_WATCH))
+        except _shape.ShapeMismatch as exc:
+            _restore(state)
+            _state.current = None
+            raise UnsupportedSglangError(
+                f"{describe_sglang()} differs from the audited {version} at {exc.check}: "
+                f"{exc.detail}; sglang's own barrier decisions apply"
+            ) from None
         except Exception:
             _restore(state)
             _state.current = None
             raise
-    if switch != DEFAULT:
+        state.on_settled = on_settled
+    _warn_about_names(state)
+    _settle_if_done()
+
+
+def _warn_about_names(state: _state.State) -> None:
+    if not state.plugin_names:
+        logger.warning(
+            "warcore-sglang: warcore's plugin 'sglang' is not loaded (WARCORE_PLUGINS or "
+            "WARCORE_DISABLE_PLUGINS?): sglang's own declarations are not among warcore's "
+            "answers; each answer stays at least sglang's own for the call"
+        )
+    if state.prefill_switch != DEFAULT:
         # said at start-up, not at the first prefill; the patched resolver logs the same line
         # (once: same key) if the variables change later
         envs = getattr(sys.modules.get(SRT + "environ"), "envs", None)
-        warning = read_prefill_switch(switch, os.environ, envs).warning
+        warning = read_prefill_switch(state.prefill_switch, os.environ, envs).warning
         if warning is not None:
             _state.log_once(("prefill-switch", warning), logging.WARNING, warning)
-    logger.info(
-        "warcore-sglang: active in process %d (sglang %s; warcore resolves its declaration "
-        "points; prefill switch: %s)",
-        os.getpid(),
-        _sglang.installed_version(),
-        switch,
-    )
 
 
 def _restore(state: _state.State) -> None:
@@ -198,19 +388,5 @@ def uninstall() -> None:
             return
         _restore(state)
         _state.current = None
-        _state.invalidate()
-        for holder in list(_state.CACHED):
-            for key in (_state.SRE, _state.PREFILL, _state.LAST):
-                holder.__dict__.pop(key, None)
-        _state.CACHED.clear()
+        _state.drop_caches()
     logger.info("warcore-sglang: uninstalled from process %d", os.getpid())
-
-
-def sglang_plugin() -> None:
-    """sglang's plugin entry point (group ``sglang.srt.plugins``): activate when
-    ``WARCORE_SGLANG=1``, and log the process's start-up line. Never raises. The entry point
-    itself is :func:`warcore_sglang._entry.sglang_plugin` (it imports no ``warcore`` before it
-    knows whether the package is shadowed); this name stays for callers of 0.1.0."""
-    from .._entry import sglang_plugin as entry
-
-    entry()

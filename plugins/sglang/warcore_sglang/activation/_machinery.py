@@ -62,41 +62,68 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
-def patch_tree(base: type, attr: str, make: Callable[[Any], Any]) -> None:
-    """Patch ``attr`` where ``base`` and each subclass defines it, now and for classes defined
-    later (``base.__init_subclass__``)."""
+def on_subclasses(base: type, key: str, callback: Callable[[type], None]) -> None:
+    """Run ``callback(cls)`` for ``base``, each subclass defined now, and each one defined
+    later (``base.__init_subclass__``, chained with what was there; ``key`` names the hook so
+    that it is installed once). A failure in a class defined later never fails sglang's class
+    statement: the activation is told and takes itself off."""
     for cls in (base, *_subclasses(base)):
-        if attr in vars(cls) and not hasattr(vars(cls)[attr], "__warcore_original__"):
-            set_attr(cls, attr, make(vars(cls)[attr]))
+        callback(cls)
     previous = vars(base).get("__init_subclass__", MISSING)
+    if key in getattr(getattr(previous, "__func__", None), "__warcore_keys__", ()):
+        return
 
     def __init_subclass__(cls: type, /, **kwargs: Any) -> None:
         if previous is MISSING:
             super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
         else:
             previous.__func__(cls, **kwargs)
-        if _state.current is not None and attr in vars(cls):
+        if _state.current is not None:
             with _state.lock:
-                set_attr(cls, attr, make(vars(cls)[attr]))
+                _guarded(f"{cls.__module__}.{cls.__qualname__}", callback, cls)
 
-    existing = getattr(vars(base).get("__init_subclass__"), "__func__", None)
-    if getattr(existing, "__warcore_attr__", None) == attr:
-        return
-    __init_subclass__.__warcore_attr__ = attr  # type: ignore[attr-defined]
+    keys = getattr(getattr(previous, "__func__", None), "__warcore_keys__", ())
+    __init_subclass__.__warcore_keys__ = (*keys, key)  # type: ignore[attr-defined]
     set_attr(base, "__init_subclass__", classmethod(__init_subclass__))
 
 
-def apply(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
-    """Run a module's patching callback from the post-import hook: never raises (a module
-    that cannot be patched keeps sglang's own answers, and says so)."""
-    with _state.lock:
-        if _state.current is None:
+def patch_tree(
+    base: type,
+    attr: str,
+    make: Callable[[Any], Any],
+    gate: Callable[[type], None] | None = None,
+) -> None:
+    """Patch ``attr`` where ``base`` and each subclass defines it, now and for classes defined
+    later; ``gate(cls)`` checks each such class first (raising
+    :class:`~._shape.ShapeMismatch`)."""
+
+    def patch(cls: type) -> None:
+        if _state.current is None or attr not in vars(cls):
             return
-        try:
-            callback(module)
-        except Exception:
-            logger.exception(
-                "warcore-sglang: patching %s failed; its declaration points keep sglang's own "
-                "answers",
-                module.__name__,
-            )
+        if hasattr(vars(cls)[attr], "__warcore_original__"):
+            return
+        if gate is not None:
+            gate(cls)
+        set_attr(cls, attr, make(vars(cls)[attr]))
+
+    on_subclasses(base, attr, patch)
+
+
+def _guarded(what: str, function: Callable[..., None], *args: Any) -> None:
+    """Run a check-and-patch step; a failure goes to the activation (never to sglang)."""
+    try:
+        function(*args)
+    except Exception as exc:
+        state = _state.current
+        if state is not None and state.on_failure is not None:
+            state.on_failure(what, exc)
+        else:
+            logger.exception("warcore-sglang: patching %s failed", what)
+
+
+def apply(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
+    """Run a module's check-and-patch callback from the post-import hook: never raises (a
+    module that fails its check or its patch takes the whole activation off)."""
+    with _state.lock:
+        if _state.current is not None:
+            _guarded(module.__name__, callback, module)

@@ -1,15 +1,19 @@
 """The patched ``last_shared_read_runner``: whose event the scheduler's barrier waits on.
 
-sglang's worker classes name the owner themselves; with the activation warcore's event owner
-(:meth:`warcore.core.DecisionCache.event_owner`) names it from (algorithm, facts read off the
-worker). Where warcore names no owner the barrier must be coarse, so the property returns a
-runner whose event is always ``None`` (:class:`_NoEvent`), and no stale event of the step's
-runners may outlive it.
+sglang's worker names the runner of the step's last shared-buffer reader itself, from its live
+state (a per-step answer on some workers). warcore's event owner
+(:meth:`warcore.core.DecisionCache.event_owner`) names one from (algorithm, facts read off the
+worker). warcore can only take the owner away, never move it: which runner reads last cannot be
+proven from (algorithm, facts) alone. So the patched property asks sglang's own getter first;
+when warcore's owner is that very runner, it is the answer; otherwise (warcore names no owner,
+or another runner) the property returns a runner whose event is always ``None``
+(:class:`_NoEvent`): the barrier is coarse, and no stale event of the step's runners may
+outlive it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from typing import Any
 
 from warcore import StepFacts
@@ -45,24 +49,26 @@ def _worker_runners(worker: Any) -> tuple[Any, Any]:
     return target, draft
 
 
-def _owner_runner(worker: Any, original_fget: Callable[[Any], Any]) -> Any:
+def _warcore_runner(worker: Any, own: Any) -> Any:
+    """The runner warcore's event owner names for this worker's step (``None``: no owner);
+    ``own`` where warcore cannot name the worker's algorithm."""
     target, draft = _worker_runners(worker)
     algo = getattr(target, "spec_algorithm", None)
     name = _sglang.warcore_algorithm(algo if algo is not None else process_algorithm())
     if name is None:
-        return original_fget(worker)
+        return own
     drafter = worker.__dict__.get("_draft_worker")
     facts = StepFacts(
         has_draft_model=drafter is not None,
         draft_extend_staged=bool(getattr(drafter, "last_draft_extend_staged", False)),
     )
     owner = get_decision_cache(_state.pm()).event_owner(name, facts).owner
-    if owner == "target" and target is not None:
-        return target
-    if owner == "draft" and draft is not None:
-        return draft
-    for runner in (target, draft):  # coarse: no stale event may outlive this step either
-        if runner is not None:
+    return {"target": target, "draft": draft}.get(owner or "")
+
+
+def _coarse(worker: Any, own: Any) -> _NoEvent:
+    for runner in (own, *_worker_runners(worker)):  # no stale event may outlive this step
+        if runner is not None and runner is not _NO_EVENT:
             runner.shared_read_done_event = None
     return _NO_EVENT
 
@@ -80,12 +86,25 @@ def make_owner_property(original: property) -> property:
     def last_shared_read_runner(self: Any) -> Any:
         if _state.current is None or _sglang.in_tree_active():
             return fget(self)
+        with _sglang.in_tree():
+            own = fget(self)  # sglang's answer for this step, from the worker's live state
         try:
-            return _owner_runner(self, fget)
+            ours = _warcore_runner(self, own)
         except Exception as exc:
             what = f"the event owner of {type(self).__qualname__}"
             _state.log_failure(("owner-failed", type(self)), what, exc, "no owner (coarse barrier)")
-            return _NO_EVENT
+            return _coarse(self, own)
+        if ours is own:
+            return own
+        if ours is not None:
+            _state.log_once(
+                ("owner-differs", type(self)),
+                logging.WARNING,
+                f"warcore-sglang: warcore's event owner for {type(self).__qualname__} is not "
+                "the runner sglang's worker names for this step: coarse barrier (warcore never "
+                "moves the owner to another runner)",
+            )
+        return _coarse(self, own)
 
     patched = _PatchedProperty(last_shared_read_runner, original.fset, original.fdel)
     patched.__warcore_original__ = original

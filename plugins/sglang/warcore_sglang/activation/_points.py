@@ -1,12 +1,22 @@
-"""The patched declaration points: sglang's methods, answering through warcore.
+"""The patched declaration points: sglang's own answer first, then warcore's, then the bound.
 
-Each ``make_*`` takes the attribute sglang defined and returns its replacement. Every
-replacement passes through to sglang's own code while the activation is off or the oracle asks
-sglang (``_sglang.in_tree()``), and otherwise returns :mod:`._answers`' answer, cached: per
-instance (keyed by the generation, :mod:`._state`) and, for the decode runner that asks on every
-``execute``, as one identity-compared tuple (``python -m warcore_sglang.bench`` measures it
-against sglang's own resolution). A failure inside never reaches sglang: it is logged once and
-answered UNKNOWN (a coarse fence, never a less safe one).
+Each ``make_*`` takes the attribute sglang defined and returns its replacement, which reads
+down one way:
+
+1. while the activation is off, or the oracle asks sglang (``_sglang.in_tree()``): sglang's
+   original, and nothing else;
+2. sglang's own answer for this very call: the original, called with the arguments as given,
+   under ``in_tree()`` (so what it asks of other patched points is sglang's own too);
+3. warcore's answer (:mod:`._answers`: the plugins' declarations for the backend's warcore
+   name, its vetoes, force-coarse, the publish phase);
+4. the bound: the later of the two (``SharedReadEnds.max_of``). warcore can only make a
+   decision later (or coarse), never earlier than sglang would make it on the same call.
+
+A failure in step 3 never reaches sglang: it is logged once and answered UNKNOWN (a coarse
+fence). The decode runner asks on every ``execute``, so its answer is remembered per runner:
+one identity test and one dict lookup (``python -m warcore_sglang.bench`` measures it against
+an empty method), forgotten whenever warcore's plugins or switches change or the runner plants
+its in-graph event.
 """
 
 from __future__ import annotations
@@ -21,102 +31,108 @@ from warcore.core import resolve_war_publish_phase
 from .. import _sglang
 from .._names import warcore_name
 from . import _state
-from ._answers import base_module, effective, prefill_decision, prefill_switch
+from ._answers import base_module, decide_ends, prefill_decision, prefill_opt_out
 from ._machinery import wrap
-from ._state import CACHED, DECODE, PREFILL, PUBLISH, SRE
+from ._state import CACHED, FAST, PREFILL, PUBLISH, SRE, TABLE
 
 
-def _store(backend: Any, key: str, gen: int, field_: Any, value: Any) -> None:
+def _store(holder: Any, key: str, gen: int, field_: Any, value: Any) -> None:
     with _state.lock:
         if gen != _state.gen:
             return  # plugins changed while this was resolved: never keep an older answer
-        cached = backend.__dict__.get(key)
+        cached = holder.__dict__.get(key)
         if cached is None or cached[0] != gen:
             cached = (gen, {})
-            backend.__dict__[key] = cached
+            holder.__dict__[key] = cached
             with contextlib.suppress(TypeError):  # a class without weak references
-                CACHED.add(backend)
+                CACHED.add(holder)
         cached[1][field_] = value
+
+
+def _later(own: Any, ours: Any) -> Any:
+    return base_module().SharedReadEnds.max_of([own, ours])
+
+
+# -- a backend's declaration ----------------------------------------------------------------
 
 
 def make_shared_read_ends(original: Callable[..., Any]) -> Callable[..., Any]:
     def shared_read_ends(self: Any, fm: Any) -> Any:
+        if _state.current is None or _sglang.in_tree_active():
+            return original(self, fm)
         cached = self.__dict__.get(SRE)
         if cached is not None and cached[0] == _state.gen:
             ends = cached[1].get(fm)
             if ends is not None:
                 return ends
-        if _sglang.in_tree_active() or _state.current is None:
-            return original(self, fm)
         gen = _state.gen
+        with _sglang.in_tree():
+            own = original(self, fm)
         try:
-            ends = effective(self, fm)
+            ends = decide_ends(self, fm, own)  # warcore's answer, never earlier than own
         except Exception as exc:
             what = f"resolving {type(self).__qualname__}.shared_read_ends({fm})"
             _state.log_failure(("failed", type(self), fm), what, exc, "UNKNOWN (coarse fence)")
-            return _sglang.api().SharedReadEnds.UNKNOWN
+            return base_module().SharedReadEnds.UNKNOWN
         _store(self, SRE, gen, fm, ends)
         return ends
 
     return wrap(shared_read_ends, original)
 
 
-def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
-    base = base_module()
-    envs, ends_cls = base.envs, base.SharedReadEnds
-    unknown, extend = ends_cls.UNKNOWN, base.ForwardMode.EXTEND
+# -- the prefill: per batch -----------------------------------------------------------------
 
+
+def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     def resolve_prefill_shared_read_ends(
-        self: Any, forward_batch: Any, *, num_qo_tokens: int, build_snapshot: bool = True
+        self: Any, forward_batch: Any, *args: Any, **kw: Any
     ) -> Any:
         if _state.current is None or _sglang.in_tree_active():
-            return original(
-                self, forward_batch, num_qo_tokens=num_qo_tokens, build_snapshot=build_snapshot
-            )
-        # sglang's own switches stay in force (read per call, as sglang does).
-        if envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get() or not prefill_switch(envs).on:
-            return unknown
-        if forward_batch.forward_mode != extend:
-            return unknown
-        cached = self.__dict__.get(PREFILL)
-        if cached is not None and cached[0] == _state.gen:
-            decision = cached[1]["decision"]
-        else:
-            gen = _state.gen
-            try:
-                decision = prefill_decision(self)
-            except Exception as exc:
-                what = f"the prefill decision of {type(self).__qualname__}"
-                _state.log_failure(
-                    ("prefill-failed", type(self)), what, exc, "UNKNOWN (coarse fence)"
-                )
-                return unknown
-            _store(self, PREFILL, gen, "decision", decision)
-        closed, static, others = decision
-        if closed is not None:
-            return unknown
-        if not build_snapshot:
-            return static
-        # The snapshot path: sglang's per-batch answer (it builds the batch's snapshot) stands
-        # for sglang's own static one; another plugin's answer is never overruled.
-        per_batch = type(self)._snapshot_prefill_shared_reads(
-            self, forward_batch, num_qo_tokens=num_qo_tokens
-        )
-        return ends_cls.max_of([per_batch, others])
+            return original(self, forward_batch, *args, **kw)
+        with _sglang.in_tree():  # sglang's gates, switches and per-batch snapshot, as shipped
+            own = original(self, forward_batch, *args, **kw)
+        try:
+            return _later(own, _prefill_ends(self, own, kw.get("build_snapshot", True)))
+        except Exception as exc:
+            what = f"the prefill decision of {type(self).__qualname__}"
+            _state.log_failure(("prefill-failed", type(self)), what, exc, "UNKNOWN (coarse fence)")
+            return base_module().SharedReadEnds.UNKNOWN
 
     return wrap(resolve_prefill_shared_read_ends, original)
 
 
+def _prefill_ends(backend: Any, own: Any, snapshot: bool) -> Any:
+    """warcore's answer for a prefill batch sglang answered ``own`` for."""
+    unknown = base_module().SharedReadEnds.UNKNOWN
+    if own is unknown or not prefill_opt_out().on:
+        return unknown
+    cached = backend.__dict__.get(PREFILL)
+    if cached is not None and cached[0] == _state.gen:
+        decision = cached[1]["decision"]
+    else:
+        gen = _state.gen
+        decision = prefill_decision(backend)
+        _store(backend, PREFILL, gen, "decision", decision)
+    closed, static, others = decision
+    if closed is not None:
+        return unknown
+    # The snapshot path: sglang's per-batch answer stands for sglang's own static one, which
+    # it refines (dsv4 snapshots the batch's page table); another plugin's answer still bounds
+    # it. The static path: warcore's static answer.
+    return others if snapshot else static
+
+
 def make_supports_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     def supports_prefill_shared_read_done(self: Any) -> bool:
-        if _state.current is None or _sglang.in_tree_active():
-            return bool(original(self))
+        own = bool(original(self))
+        if not own or _state.current is None or _sglang.in_tree_active():
+            return own  # sglang's own "no" is never turned into a "yes"
         answer = PUBLISH.get(self)
         if answer is not None:
             return answer
         name = _sglang.warcore_algorithm(self)
         if name is None:
-            return bool(original(self))
+            return own
         gen = _state.gen
         answer = resolve_war_publish_phase(name, ForwardMode.EXTEND, pm=_state.pm()).publishes
         with _state.lock:
@@ -127,56 +143,59 @@ def make_supports_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     return wrap(supports_prefill_shared_read_done, original)
 
 
+# -- the decode runner: on every replay -----------------------------------------------------
+
+
 def make_resolve_decode(original: Callable[..., Any]) -> Callable[..., Any]:
-    ends_cls = base_module().SharedReadEnds
-    unknown, in_replay, post = ends_cls.UNKNOWN, ends_cls.IN_REPLAY, ends_cls.POST_REPLAY
-
-    def slow(runner: Any, attn_backend: Any, forward_mode: Any) -> Any:
-        if _state.current is None or _sglang.in_tree_active():
-            return original(runner, attn_backend, forward_mode)
-        gen = _state.gen
-        planted = runner.in_graph_metadata_prep_done is not None
-        ends = attn_backend.shared_read_ends(forward_mode)  # warcore's, through the patch
-        if ends is in_replay and not planted:
-            ends = post  # no in-graph marker (e.g. HIP): only a post-replay event covers it
-        with _state.lock:
-            if gen == _state.gen:
-                DECODE.setdefault(attn_backend, [{}, {}])[planted][forward_mode] = ends
-        if ends is unknown:
-            _clear(runner)
-        return ends
-
     def _resolve_shared_read_ends(self: Any, attn_backend: Any, forward_mode: Any) -> Any:
-        # The runner's last answer, while nothing changed (the same backend, mode and in-graph
-        # event, the same generation): identity tests on one tuple, the cheapest Python answer
-        # (python -m warcore_sglang.bench measures it against an empty method).
+        # The runner's answers for its last backend: one identity test, one dict lookup (an
+        # UNKNOWN is never there: it clears the mailbox on every replay).
         try:
-            backend, mode, event, gen, ends = self._warcore_sglang_last
-            if (
-                backend is attn_backend
-                and mode is forward_mode
-                and event is self.in_graph_metadata_prep_done
-                and gen == _state.gen
-            ):
-                return ends
-        except AttributeError:
+            backend, table = self._warcore_sglang_fast
+            if backend is attn_backend:
+                return table[forward_mode]
+        except (AttributeError, KeyError, TypeError, ValueError):
             pass
-        gen = _state.gen
-        per = DECODE.get(attn_backend)
-        if per is not None:
-            event = self.in_graph_metadata_prep_done
-            ends = per[event is not None].get(forward_mode)
-            if ends is not None:
-                if ends is unknown:
-                    _clear(self)  # a side effect on every call: never remembered
-                else:
-                    with contextlib.suppress(AttributeError, TypeError):  # __slots__, no weakref
-                        self._warcore_sglang_last = (attn_backend, forward_mode, event, gen, ends)
-                        CACHED.add(self)
-                return ends
-        return slow(self, attn_backend, forward_mode)
+        return _decode(self, attn_backend, forward_mode, original)
 
     return wrap(_resolve_shared_read_ends, original)
+
+
+def _decode(runner: Any, backend: Any, mode: Any, original: Callable[..., Any]) -> Any:
+    if _state.current is None or _sglang.in_tree_active():
+        return original(runner, backend, mode)
+    unknown = base_module().SharedReadEnds.UNKNOWN
+    table = runner.__dict__.get(TABLE)
+    ends = table.get(backend, {}).get(mode) if table is not None else None
+    if ends is None:
+        gen = _state.gen
+        with _sglang.in_tree():
+            own = original(runner, backend, mode)
+        try:
+            ends = _later(own, backend.shared_read_ends(mode))  # warcore's, through its patch
+        except Exception as exc:
+            what = f"the decode decision of {type(runner).__qualname__}"
+            _state.log_failure(("decode-failed", type(backend)), what, exc, "UNKNOWN (coarse)")
+            ends = unknown
+        _remember(runner, backend, mode, ends, gen)
+    if ends is unknown:
+        _clear(runner)
+    return ends
+
+
+def _remember(runner: Any, backend: Any, mode: Any, ends: Any, gen: int) -> None:
+    unknown = base_module().SharedReadEnds.UNKNOWN
+    with _state.lock:
+        if gen != _state.gen:
+            return
+        try:
+            CACHED.add(runner)  # invalidation must be able to find it: no weakref, no cache
+            per = runner.__dict__.setdefault(TABLE, {}).setdefault(backend, {})
+        except TypeError:
+            return
+        per[mode] = ends
+        fast = {m: e for m, e in per.items() if e is not unknown}
+        runner.__dict__[FAST] = (backend, fast)
 
 
 def _clear(runner: Any) -> None:
@@ -184,6 +203,23 @@ def _clear(runner: Any) -> None:
     model_runner = getattr(runner, "model_runner", None)
     if model_runner is not None:
         model_runner.shared_read_done_event = None
+
+
+def make_record_marker(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``_record_in_graph_metadata_prep_done`` (where the runner plants its in-graph event):
+    the runner's remembered answers depend on whether it has one, so they are forgotten."""
+
+    def _record_in_graph_metadata_prep_done(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            for key in (FAST, TABLE):
+                self.__dict__.pop(key, None)
+
+    return wrap(_record_in_graph_metadata_prep_done, original)
+
+
+# -- the registry builder -------------------------------------------------------------------
 
 
 def make_builder(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 from typing import Any
 
 from warcore import BoundaryContext, ForwardMode
@@ -23,7 +22,6 @@ from warcore.core import WarcorePluginManager, get_registry
 from .. import ENV_CHECK_RANKS, _sglang
 from . import _state
 from ._identity import offload_flags, process_algorithm
-from ._machinery import wrap
 
 _TRUE = {"1", "true", "yes", "on"}
 _MODES = (
@@ -35,17 +33,24 @@ _MODES = (
 """The four modes an sglang runner publishes in."""
 
 
-def requested() -> bool:
-    """``WARCORE_SGLANG_CHECK_RANKS`` asks for the check (``1``/``true``/... or ``warn``)."""
-    return _mode() is not None
+_requested: bool | None = None
+"""``install(check_ranks=...)``; ``None``: ``WARCORE_SGLANG_CHECK_RANKS`` decides."""
+
+
+def set_requested(check_ranks: bool | None) -> None:
+    global _requested
+    _requested = check_ranks
 
 
 def _mode() -> str | None:
-    """``raise``, ``warn`` or ``None`` (no check), from ``WARCORE_SGLANG_CHECK_RANKS``."""
+    """``raise``, ``warn`` or ``None`` (no check): ``install(check_ranks=True)``, else
+    ``WARCORE_SGLANG_CHECK_RANKS``."""
     flag = os.environ.get(ENV_CHECK_RANKS, "").strip().lower()
     if flag == "warn":
         return "warn"
-    return "raise" if flag in _TRUE else None
+    if flag in _TRUE or _requested:
+        return "raise"
+    return None
 
 
 def rank_cells(pm: WarcorePluginManager | None = None) -> list[tuple[str, ForwardMode, Any]]:
@@ -73,13 +78,8 @@ def _check_ranks(*, raise_on_mismatch: bool) -> None:
     check_ranks_agree(group, rank_cells(), pm=_state.pm(), raise_on_mismatch=raise_on_mismatch)
 
 
-def make_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Scheduler.__init__``, then the rank check (while the variable asks for it)."""
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        mode = _mode()
-        if _state.current is not None and mode is not None:
-            _check_ranks(raise_on_mismatch=mode != "warn")
-
-    return wrap(__init__, original)
+def check_if_requested() -> None:
+    """The rank check at the end of ``Scheduler.__init__``, while it is asked for."""
+    mode = _mode()
+    if _state.current is not None and mode is not None:
+        _check_ranks(raise_on_mismatch=mode != "warn")

@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,11 @@ SRE = "_warcore_sglang_sre"
 """A backend's cached ``shared_read_ends`` answers."""
 PREFILL = "_warcore_sglang_prefill"
 """A backend's cached prefill decision."""
-LAST = "_warcore_sglang_last"
-"""A decode runner's last answer."""
+TABLE = "_warcore_sglang_table"
+"""A decode runner's answers: backend -> mode -> ends."""
+FAST = "_warcore_sglang_fast"
+"""A decode runner's answers for its last backend: (backend, mode -> ends, UNKNOWN left out)."""
+PER_INSTANCE = (SRE, PREFILL, TABLE, FAST)
 
 
 @dataclass
@@ -48,29 +52,52 @@ class State:
     plugin_names: frozenset[str] = frozenset()
     prefill_switch: str = DEFAULT
     """``WARCORE_SGLANG_PREFILL_SWITCH`` as read at install (:mod:`.._prefill_switch`)."""
+    version: str = ""
+    """The audited sglang version installed (the key of ``_names.AUDITED`` the gate checks)."""
+    on_settled: Callable[[str | None], None] | None = None
+    """Told once: ``None`` when every watched module is patched, else why warcore is off."""
+    seconds: float = 0.0
+    """warcore-sglang's time in this process after :func:`install` returned: checking and
+    patching the watched modules as sglang imports them, and the checkpoint."""
+    on_failure: Callable[[str, Exception], None] | None = None
+    """What a failed check or patch calls (the activation then takes itself off)."""
 
 
 lock = threading.RLock()
 current: State | None = None
 """The installed activation; ``None`` when not installed (every patch passes through)."""
+degraded: str | None = None
+"""Why the activation took itself off in this process (a shape check failed), or ``None``."""
 gen = 0
 """Bumped when warcore's plugins or switches change: every cached answer of an older
 generation is recomputed on next use."""
-DECODE: dict[Any, list[dict[Any, Any]]] = {}
-"""attn backend -> [answers without an in-graph event, with one], each mode -> ends."""
 PUBLISH: dict[Any, bool] = {}
 """sglang algorithm -> warcore's publish phase for EXTEND."""
 CACHED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""Backends and decode runners holding a per-instance cache: uninstalling takes it off them
-again."""
+"""Backends and decode runners holding a per-instance cache: a change or uninstalling takes it
+off them again."""
 
 
 def invalidate() -> None:
+    """Forget every cached answer: the decode runners' tables at once (their fast path checks
+    nothing else), the per-backend ones by generation."""
     global gen
     with lock:
         gen += 1
-        DECODE.clear()
         PUBLISH.clear()
+        for holder in list(CACHED):
+            holder.__dict__.pop(FAST, None)
+            holder.__dict__.pop(TABLE, None)
+
+
+def drop_caches() -> None:
+    """Take every per-instance cache off the objects holding one."""
+    with lock:
+        invalidate()
+        for holder in list(CACHED):
+            for key in PER_INSTANCE:
+                holder.__dict__.pop(key, None)
+        CACHED.clear()
 
 
 def on_change() -> None:
