@@ -212,8 +212,11 @@ def _on_import(callback: Callable[[ModuleType], None], module: ModuleType) -> No
 
 def _settle_if_done() -> None:
     state = _state.current
-    if state is None or (state.finder is not None and state.finder.callbacks):
+    if state is None or state.settled:
         return
+    if state.finder is not None and state.finder.callbacks:
+        return
+    state.settled = True
     _tell(state, None)
 
 

@@ -17,11 +17,12 @@ nothing here changes sglang.
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
 import inspect
 import linecache
+import re
 import sys
+import textwrap
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -82,21 +83,27 @@ def _digest_node(node: _Function) -> str:
     return hashlib.sha256(_canonical(fields).encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=64)
-def _file_tree(filename: str) -> ast.Module:
-    return ast.parse("".join(linecache.getlines(filename)), filename)
+def _block(lines: list[str], first: int) -> str:
+    """The definition starting at line ``first`` (1-based, its first decorator), dedented: the
+    same text whether it comes from a live function or from a module's source."""
+    return textwrap.dedent("".join(inspect.getblock(lines[first - 1 :])))
+
+
+def _parse(text: str, where: str) -> _Function:
+    node = ast.parse(text).body[0]
+    if not isinstance(node, _Function):
+        raise ShapeMismatch(where, "its source is not a function definition")
+    return node
 
 
 def _tree(function: Callable[..., Any]) -> _Function:
-    """``function``'s definition, found in the file its code object came from (parsed once
-    per file; the live function, wherever it was defined)."""
+    """``function``'s definition, read from the lines its code object came from (only that
+    block is parsed, not its module)."""
     code = function.__code__
-    for node in ast.walk(_file_tree(code.co_filename)):
-        if isinstance(node, _Function) and node.name == code.co_name:
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            if first == code.co_firstlineno:
-                return node
-    raise ShapeMismatch(function.__qualname__, f"its source is not in {code.co_filename}")
+    lines = linecache.getlines(code.co_filename)
+    if not lines:
+        raise ShapeMismatch(function.__qualname__, f"no source in {code.co_filename}")
+    return _parse(_block(lines, code.co_firstlineno), function.__qualname__)
 
 
 def digest(function: Callable[..., Any]) -> str:
@@ -106,13 +113,16 @@ def digest(function: Callable[..., Any]) -> str:
 
 
 def _find(source: str, qualname: str) -> _Function:
+    """The definition of ``qualname`` in a module's ``source``, read as :func:`_tree` reads a
+    live function (so that both digest the same text)."""
     scope: list[ast.stmt] = ast.parse(source).body
     *path, name = qualname.split(".")
     for part in path:
         scope = next(n.body for n in scope if isinstance(n, ast.ClassDef) and n.name == part)
     for node in scope:
         if isinstance(node, _Function) and node.name == name:
-            return node
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            return _parse(_block(source.splitlines(keepends=True), first), qualname)
     raise LookupError(f"{qualname} is not defined in that source")
 
 
@@ -143,16 +153,6 @@ def audit_in_source(source: str, qualname: str) -> tuple[str, str]:
     without importing the module (a worker module that imports a GPU-only package, say)."""
     node = _find(source, qualname)
     return _node_signature(node), _digest_node(node)
-
-
-def _class_tree(cls: type) -> ast.ClassDef:
-    """``cls``'s definition in the file of its module."""
-    module = sys.modules[cls.__module__]
-    filename = getattr(module, "__file__", None) or ""
-    for node in ast.walk(_file_tree(filename)):
-        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
-            return node
-    raise ShapeMismatch(cls.__qualname__, f"its source is not in {filename}")
 
 
 def signature(function: Callable[..., Any]) -> str:
@@ -216,20 +216,19 @@ def _calls(function: Callable[..., Any], name: str) -> bool:
 
 
 def _writers(cls: type, attr: str) -> set[str]:
-    """The methods of ``cls`` (as its source defines them) that assign ``<something>.<attr>``."""
+    """The methods ``cls`` itself defines that assign ``<something>.<attr>`` (their source,
+    searched as text: a comment that looks like one counts too, the safe side)."""
+    pattern = re.compile(rf"\.{attr}\s*(:[^=\n]*)?=(?!=)")
     found: set[str] = set()
-    for method in _class_tree(cls).body:
-        if not isinstance(method, _Function):
+    for name, value in vars(cls).items():
+        function = getattr(value, "fget", value)
+        function = getattr(function, "__func__", function)
+        code = getattr(function, "__code__", None)
+        if code is None:
             continue
-        for node in ast.walk(method):
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-                targets = [node.target]
-            else:
-                continue
-            if any(isinstance(t, ast.Attribute) and t.attr == attr for t in targets):
-                found.add(method.name)
+        lines = linecache.getlines(code.co_filename)
+        if lines and pattern.search(_block(lines, code.co_firstlineno)):
+            found.add(name)
     return found
 
 
@@ -282,18 +281,12 @@ def _check_model_runner(module: ModuleType) -> None:
     )
 
 
-def _check_scheduler(module: ModuleType) -> None:
-    writers = _writers(module.Scheduler, "_war_barrier_enabled")
-    _require(bool(writers), "Scheduler._war_barrier_enabled", "never assigned")
-
-
 MODULE_CHECKS: dict[str, Callable[[ModuleType], None]] = {
     SRT + "layers.attention.base_attn_backend": _check_base,
     SRT + "speculative.spec_info": _check_spec_info,
     SRT + "speculative.spec_registry": _check_spec_registry,
     SRT + "model_executor.runner.decode_cuda_graph_runner": _check_decode_runner,
     SRT + "model_executor.model_runner": _check_model_runner,
-    SRT + "managers.scheduler": _check_scheduler,
 }
 """Structural checks beyond the audited functions, per module (the others have none)."""
 

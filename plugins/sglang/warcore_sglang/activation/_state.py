@@ -54,6 +54,8 @@ class State:
     """``WARCORE_SGLANG_PREFILL_SWITCH`` as read at install (:mod:`.._prefill_switch`)."""
     version: str = ""
     """The audited sglang version installed (the key of ``_names.AUDITED`` the gate checks)."""
+    settled: bool = False
+    """Every watched module is checked and patched (said once)."""
     on_settled: Callable[[str | None], None] | None = None
     """Told once: ``None`` when every watched module is patched, else why warcore is off."""
     seconds: float = 0.0
