@@ -229,9 +229,12 @@ class RecordingDevice:
         def sync(*args: Any, **kwargs: Any) -> None:
             device.synchronize("device synchronize")
 
+        current = stream()
         patches = [
             (torch.cuda, "Event", event),
             (torch.cuda, "Stream", stream),
+            (torch.cuda, "current_stream", lambda *a, **k: current),
+            (torch.cuda, "set_stream", lambda *a, **k: None),
             (torch.cuda, "synchronize", sync),
             (torch, "Event", event),
             (torch.accelerator, "synchronize", sync),

@@ -115,7 +115,7 @@ def vllm_config(cfg: Configuration, *, num_blocks: int = 32) -> Any:
     vc = VllmConfig(
         model_config=model,
         scheduler_config=scheduler,
-        cache_config=CacheConfig(block_size=BLOCK),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
         **kwargs,
     )
     vc.scheduler_config.async_scheduling = cfg.async_scheduling
