@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import inspect
 import textwrap
 from collections.abc import Callable, Iterator
@@ -21,6 +22,9 @@ __all__ = ["method_source", "replaced", "variant"]
 def method_source(cls: type, name: str) -> ast.FunctionDef:
     """The ``def`` of ``cls.name`` as vLLM wrote it (its own class's, not an inherited one)."""
     func = inspect.unwrap(vars(cls)[name])
+    edited = getattr(vars(cls)[name], "__warcore_ast__", getattr(func, "__warcore_ast__", None))
+    if edited is not None:  # a variant made here: its source is the edited tree
+        return copy.deepcopy(edited)  # type: ignore[no-any-return]
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     node = tree.body[0]
     if not isinstance(node, ast.FunctionDef):
@@ -39,8 +43,10 @@ def variant(cls: type, name: str, change: Callable[[ast.FunctionDef], None]) -> 
     scope: dict[str, Any] = dict(func.__globals__)
     exec(compile(module, f"<{cls.__name__}.{name} without its guard>", "exec"), scope)
     new = scope[node.name]
+    new.__warcore_ast__ = copy.deepcopy(node)
     if _is_contextmanager(original):
         new = contextlib.contextmanager(new)
+        new.__warcore_ast__ = copy.deepcopy(node)
     return new
 
 
