@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from warcore_vllm import _harness, audit
 from warcore_vllm._variants import replaced, variant
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from warcore_vllm import _entry, _vllm, activation
 
 LOAD = "import vllm.plugins as p; p.load_general_plugins()"

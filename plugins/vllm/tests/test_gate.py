@@ -7,7 +7,6 @@ import ast
 
 import pytest
 from packaging.specifiers import SpecifierSet
-
 from warcore_vllm import _names, _vllm
 from warcore_vllm._variants import replaced, variant
 

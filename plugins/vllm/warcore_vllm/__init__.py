@@ -23,6 +23,7 @@ __all__ = ["ENV_ACTIVATE", "SUPPORTED", "install", "is_installed", "uninstall"]
 
 __version__ = "0.1.0"
 
+
 def install() -> None:
     from .activation import install as _install
 

@@ -265,12 +265,12 @@ def _poison(tensor: torch.Tensor) -> None:
         tensor.add_(7919)
 
 
-class _CopyRecorder(TorchDispatchMode):
+class _CopyRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every ``copy_(dst, src, non_blocking=True)`` whose source is a registered host
     buffer as a pending device read (then lets the copy run)."""
 
     def __init__(self, device: RecordingDevice) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.device = device
 
     def __torch_dispatch__(

@@ -293,7 +293,10 @@ def add_requests(sched: Any, count: int, prompt: int, max_tokens: int, first: in
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         sched.add_request(
             Request(
-                request_id=f"r{i}", prompt_token_ids=ids, sampling_params=params, pooling_params=None
+                request_id=f"r{i}",
+                prompt_token_ids=ids,
+                sampling_params=params,
+                pooling_params=None,
             )
         )
 

@@ -95,7 +95,7 @@ def _async_output(device: RecordingDevice) -> Any:
         sampling_mask_tensors=None,
         num_rejected=torch.zeros(1, dtype=torch.int32),
     )
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     return AsyncOutput(
         model_runner_output=ModelRunnerOutput(req_ids=[], req_id_to_index={}),
         sampler_output=sampler_output,

@@ -42,7 +42,7 @@ def variant(cls: type, name: str, change: Callable[[ast.FunctionDef], None]) -> 
     func = inspect.unwrap(original)
     scope: dict[str, Any] = dict(func.__globals__)
     exec(compile(module, f"<{cls.__name__}.{name} without its guard>", "exec"), scope)
-    new = scope[node.name]
+    new: Any = scope[node.name]
     new.__warcore_ast__ = copy.deepcopy(node)
     if _is_contextmanager(original):
         new = contextlib.contextmanager(new)

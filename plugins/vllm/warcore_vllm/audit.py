@@ -48,8 +48,7 @@ class Verdict:
 
     def line(self) -> str:
         return (
-            f"{self.verdict:<10} {self.check:<16} {self.cls} [{self.configuration}]: "
-            f"{self.detail}"
+            f"{self.verdict:<10} {self.check:<16} {self.cls} [{self.configuration}]: {self.detail}"
         )
 
 
@@ -169,9 +168,7 @@ def encoder_ring() -> Verdict:
     cls = "vllm.v1.worker.mm_encoder_model_runner.MMEncoderModelRunner"
     config = "encoder-only instance, max_concurrent_batches 2"
     if device.violations:
-        return Verdict(
-            "encoder-ring", cls, config, VIOLATION, device.violations[0].describe()
-        )
+        return Verdict("encoder-ring", cls, config, VIOLATION, device.violations[0].describe())
     detail = f"ring depth {depth}, input_tensor_semaphore released every slot before reuse"
     return Verdict("encoder-ring", cls, config, SOUND, detail)
 
