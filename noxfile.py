@@ -18,7 +18,8 @@ arguments after ``--`` go to pytest. See docs/plugin-matrix.md.
 ``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
 sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``;
 ``nox -s sglang_server`` (``.ci/run`` too) starts sglang 0.5.23's real ``Engine`` and HTTP
-server on this CPU with warcore active and asserts on what their barriers did.
+server on this CPU with warcore active and asserts on what their barriers did; ``nox -s vllm``
+(``.ci/run`` too) audits vLLM 0.33.0's real classes with warcore-vllm.
 """
 
 from __future__ import annotations
