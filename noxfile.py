@@ -18,7 +18,8 @@ arguments after ``--`` go to pytest. See docs/plugin-matrix.md.
 ``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
 sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``;
 ``nox -s sglang_server`` (``.ci/run`` too) starts sglang 0.5.23's real ``Engine`` and HTTP
-server on this CPU with warcore active and asserts on what their barriers did.
+server on this CPU with warcore active and asserts on what their barriers did; ``nox -s vllm``
+(``.ci/run`` too) audits vLLM 0.33.0's real classes with warcore-vllm.
 """
 
 from __future__ import annotations
@@ -336,6 +337,40 @@ def sglang_server(session: nox.Session) -> None:
     # the servers' logs and traces stay in the session's own folder, whoever else uses /tmp
     pytest_args += ["--basetemp", str(tmp / "pytest")]
     session.run("python", "-m", "pytest", *pytest_args, str(SGLANG_SERVER_TESTS), *session.posargs)
+
+
+VLLM = ROOT / "plugins" / "vllm"
+VLLM_PINS = VLLM / "vllm-0.33.0-pins.txt"
+_ASSERT_VLLM_ENV = (
+    "from importlib.metadata import version as v; "
+    "assert v('vllm') == '0.33.0', v('vllm'); "
+    "assert v('torch').startswith('2.13.0'), v('torch')"
+)
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """warcore-vllm against vLLM 0.33.0's real classes, on a CPU (not in the default sessions:
+    ``nox -s vllm``; ``.ci/run`` runs it).
+
+    torch==2.13.0 (CPU) comes from the shared torch env (``.nox/_torch``, seen through a
+    ``.pth`` file written before anything else); vLLM and every package its imports need here
+    are installed at once from the pin file with ``--no-deps`` (vLLM's own metadata asks for
+    torch 2.14.0 and GPU-only packages, which must never be resolved), then warcore and
+    warcore-vllm editable, also ``--no-deps``. vLLM's CUDA extension modules, which nothing
+    loads on a CPU, are deleted after the install (0.6 GB). Runs plugins/vllm/tests (the audit
+    included) and then ``python -m warcore_vllm.audit`` itself.
+    """
+    _share_torch(session)
+    session.install("--no-deps", "-r", str(VLLM_PINS))
+    session.install(PLUGGY["newest"], "pytest>=8")
+    session.install("--no-deps", "-e", str(ROOT), "-e", str(VLLM))
+    session.run("python", "-c", _ASSERT_VLLM_ENV)
+    session.chdir(session.create_tmp())
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
+    pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::DeprecationWarning", "--durations=5"]
+    session.run("python", "-m", "pytest", *pytest_args, str(VLLM / "tests"), *session.posargs)
+    session.run("python", "-m", "warcore_vllm.audit")
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience

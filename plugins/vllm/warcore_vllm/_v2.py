@@ -1,0 +1,153 @@
+"""vLLM 0.33.0's V2 staging ring on a CPU: the real ``UvaBufferPool`` (its round robin, its
+depth from the real ``set_default_max_concurrency``), released by the real ``AsyncOutput``'s
+``copy_event`` through a batch queue of ``max_concurrent_batches`` steps, and the encoder
+runner's real ``input_tensor_semaphore``.
+
+The pool's slots are vLLM's own CPU ``UvaBuffer`` (``vllm/v1/worker/cpu/buffer_utils.py``,
+what vLLM's CPU V2 runner puts in the pool): its device view *is* the host memory, as a UVA
+view is on a GPU, so each step's kernels read the slot in place until the step is done
+(:meth:`~warcore_vllm._device.RecordingDevice.read_in_place`). The V2 runner itself is not
+built (its forward, input preparation and block tables launch Triton kernels a CPU has no
+stand-in for here); a step stages one write per pool, as ``UvaBackedTensor.copy_to_uva`` and
+``StagedWriteTensor.apply_write`` do once per step, and a dummy run (an idle DP rank's
+``execute_model(dummy_run=True)``) stages as a step does but returns no ``AsyncOutput``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ._device import RecordingDevice
+
+__all__ = ["V2Configuration", "encoder_ring", "v2_depth", "v2_ring"]
+
+
+@dataclass(frozen=True)
+class V2Configuration:
+    name: str
+    pipeline_parallel: int = 1
+    dummy_runs_per_step: int = 0
+    """Dummy runs an idle data-parallel rank launches between its steps (DP > 1)."""
+
+    def describe(self) -> str:
+        text = f"V2 runner, async_scheduling=True, pipeline_parallel_size={self.pipeline_parallel}"
+        if self.dummy_runs_per_step:
+            text += f", data_parallel_size=2 (idle rank: {self.dummy_runs_per_step} dummy run/step)"
+        return text
+
+
+def max_concurrent_batches(pipeline_parallel: int) -> int:
+    """``VllmConfig.max_concurrent_batches`` (the real property) for the V2 runner under async
+    scheduling (on this CPU ``use_v2_model_runner`` is False: Triton is missing)."""
+    from vllm.config import VllmConfig
+
+    config = SimpleNamespace(
+        parallel_config=SimpleNamespace(pipeline_parallel_size=pipeline_parallel),
+        scheduler_config=SimpleNamespace(async_scheduling=True),
+        use_v2_model_runner=True,
+    )
+    value = VllmConfig.max_concurrent_batches.fget(config)
+    return int(value)
+
+
+@contextlib.contextmanager
+def cpu_uva() -> Iterator[Any]:
+    """The V2 buffer module with vLLM's CPU ``UvaBuffer`` as its UVA buffer (what vLLM's CPU V2
+    runner swaps in), and its default depth put back after the block."""
+    import vllm.v1.worker.cpu.buffer_utils as cpu_buffers
+    import vllm.v1.worker.gpu.buffer_utils as buffers
+
+    saved = buffers.UvaBuffer, buffers.is_uva_available, buffers._DEFAULT_MAX_CONCURRENCY
+    buffers.UvaBuffer = cpu_buffers.UvaBuffer
+    buffers.is_uva_available = lambda: True
+    try:
+        yield buffers
+    finally:
+        buffers.UvaBuffer, buffers.is_uva_available, buffers._DEFAULT_MAX_CONCURRENCY = saved
+
+
+def v2_depth(cfg: V2Configuration) -> tuple[int, int]:
+    """(steps the batch queue holds, the ring depth a pool gets) for ``cfg``, from vLLM."""
+    batches = max_concurrent_batches(cfg.pipeline_parallel)
+    with cpu_uva() as buffers:
+        buffers.set_default_max_concurrency(batches)
+        pool = buffers.UvaBufferPool(8, torch.int32)
+    return batches, pool.max_concurrency
+
+
+def _async_output(device: RecordingDevice) -> Any:
+    """A real ``AsyncOutput`` for a step (its inputs: one sampled token)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu.async_utils import AsyncOutput
+
+    sampled = torch.zeros((1, 1), dtype=torch.int32)
+    sampler_output = SimpleNamespace(
+        sampled_token_ids=sampled,
+        logprobs_tensors=None,
+        num_nans=None,
+        sampling_mask_tensors=None,
+        num_rejected=torch.zeros(1, dtype=torch.int32),
+    )
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    return AsyncOutput(
+        model_runner_output=ModelRunnerOutput(req_ids=[], req_id_to_index={}),
+        sampler_output=sampler_output,
+        num_sampled_tokens=torch.ones(1, dtype=torch.int32),
+        main_stream=stream,
+        copy_stream=stream,
+        check_ep_fault=False,
+        pending_aux_output=None,
+    )
+
+
+def v2_ring(cfg: V2Configuration, device: RecordingDevice, steps: int = 6) -> tuple[int, int]:
+    """Serve ``steps`` engine steps through one real pool; returns (queue, depth)."""
+    batches = max_concurrent_batches(cfg.pipeline_parallel)
+    queue: deque[Any] = deque()
+    with cpu_uva() as buffers:
+        buffers.set_default_max_concurrency(batches)
+        pool = buffers.UvaBufferPool(8, torch.int32)
+        for step in range(steps):
+            device.step = step
+            for dummy in range(cfg.dummy_runs_per_step):
+                view = pool.copy_to_uva([1000 * step + dummy] * 4)
+                device.read_in_place("UvaBufferPool slot", view, "dummy run's kernels")
+            view = pool.copy_to_uva([step] * 4)
+            device.read_in_place("UvaBufferPool slot", view, "step's kernels (UVA read)")
+            queue.append(_async_output(device))
+            if len(queue) >= batches:
+                queue.popleft().get_output()
+        while queue:
+            queue.popleft().get_output()
+    device.synchronize("end of the run")
+    return batches, pool.max_concurrency
+
+
+def encoder_ring(device: RecordingDevice, steps: int = 6, batches: int = 2) -> int:
+    """The encoder-only runner's steps: each stages through a real pool of depth
+    ``max_concurrent_batches`` inside the real ``MMEncoderModelRunner.input_tensor_semaphore``
+    (on a bare runner holding the events its ``__init__`` makes: one blocking event per
+    concurrent batch). Encoder steps return no ``AsyncOutput``: the semaphore is their only
+    release. Returns the ring depth."""
+    from vllm.v1.worker.mm_encoder_model_runner import MMEncoderModelRunner
+
+    runner = object.__new__(MMEncoderModelRunner)
+    runner._input_events = [torch.Event(blocking=True) for _ in range(batches)]
+    runner._input_event_idx = 0
+    with cpu_uva() as buffers:
+        pool = buffers.UvaBufferPool(8, torch.int32, max_concurrency=batches)
+        for step in range(steps):
+            device.step = step
+            with runner.input_tensor_semaphore():
+                view = pool.copy_to_uva([step] * 4)
+                device.read_in_place("UvaBufferPool slot", view, "encoder step's input kernels")
+            device.mark()  # the encoder forward
+    device.synchronize("end of the run")
+    return int(pool.max_concurrency)
