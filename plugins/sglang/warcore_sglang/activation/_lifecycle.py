@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from warcore.audit import engine_code
 from warcore.core import get_plugin_manager
 
 from .. import _sglang
@@ -88,7 +89,7 @@ def _no_writer_of_the_marker(cls: type) -> None:
     (:func:`~._points.make_record_marker`): no other method may set it."""
     if cls.__name__ == "DecodeCudaGraphRunner":
         return  # the base: checked with its module
-    writers = _shape._writers(cls, "in_graph_metadata_prep_done")
+    writers = engine_code.assigns(cls, "in_graph_metadata_prep_done")
     if writers:
         raise _shape.ShapeMismatch(
             f"{cls.__qualname__}.in_graph_metadata_prep_done",
