@@ -18,8 +18,11 @@ arguments after ``--`` go to pytest. See docs/plugin-matrix.md.
 ``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
 sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``;
 ``nox -s sglang_server`` (``.ci/run`` too) starts sglang 0.5.23's real ``Engine`` and HTTP
-server on this CPU with warcore active and asserts on what their barriers did; ``nox -s vllm``
-(``.ci/run`` too) audits vLLM 0.33.0's real classes with warcore-vllm.
+server on this CPU with warcore active and asserts on what their barriers did;
+``nox -s sglang_refusal`` (``.ci/run`` too) installs sglang 0.5.22, which warcore-sglang has not
+audited, from ``plugins/sglang/sglang-0.5.22-pins.txt``, and checks that ``install()`` refuses it
+and patches nothing, and that its real ``Engine`` says so in one start-up line and serves alone;
+``nox -s vllm`` (``.ci/run`` too) audits vLLM 0.33.0's real classes with warcore-vllm.
 """
 
 from __future__ import annotations
@@ -265,11 +268,19 @@ SGLANG_PLUGINS = ("trtllm_mha", "deepseek_v4", "dflash")
 SGLANG_SERVER_PINS = SGLANG / "sglang-0.5.23-server-pins.txt"
 SGLANG_SERVER_TESTS = SGLANG / "tests" / "server"
 SGLANG_TEST_DISTS = ["sglang_fork_attn", "warcore_sglang_test_plugins"]
-_ASSERT_SGLANG_ENV = (
-    "from importlib.metadata import version as v; "
-    "assert v('sglang') == '0.5.23', v('sglang'); "
-    "assert v('torch').startswith('2.13.0'), v('torch')"
-)
+SGLANG_REFUSED_PINS = SGLANG / "sglang-0.5.22-pins.txt"
+SGLANG_REFUSAL_TESTS = SGLANG / "tests" / "refusal"
+
+
+def _assert_sglang_env(version: str) -> str:
+    return (
+        "from importlib.metadata import version as v; "
+        f"assert v('sglang') == '{version}', v('sglang'); "
+        "assert v('torch').startswith('2.13.0'), v('torch')"
+    )
+
+
+_ASSERT_SGLANG_ENV = _assert_sglang_env("0.5.23")
 
 
 @nox.session
@@ -297,6 +308,7 @@ def sglang(session: nox.Session) -> None:
     pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
     pytest_args += ["-W", "ignore::DeprecationWarning"]
     tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
+    tests += ["--ignore", str(SGLANG_REFUSAL_TESTS)]
     session.run("python", "-m", "pytest", *pytest_args, *tests, *session.posargs)
     env = {"PYTHONPATH": str(SGLANG_BOOT)}
     bench = ["python", "-m", "warcore_sglang.bench", "--calls", "20000", "--repeat", "3"]
@@ -323,12 +335,22 @@ def sglang_server(session: nox.Session) -> None:
     session.install("--no-deps", "-r", str(SGLANG_SERVER_PINS))
     session.install(PLUGGY["newest"], "pytest>=8")
     session.install("--no-deps", "-e", str(ROOT), "-e", str(SGLANG))
+    _install_test_dists(session, SGLANG_TEST_DISTS)
+    session.run("python", "-c", _ASSERT_SGLANG_ENV)
+    _run_server_tests(session, SGLANG_SERVER_TESTS)
+
+
+def _install_test_dists(session: nox.Session, names: Sequence[str]) -> None:
+    """The test distributions of ``plugins/sglang/tests/server/dists``, built as wheels and
+    installed (their entry points are what sglang and warcore load)."""
     wheels = Path(session.create_tmp()) / "dists"
     shutil.rmtree(wheels, ignore_errors=True)
-    dists = [str(SGLANG_SERVER_TESTS / "dists" / d) for d in SGLANG_TEST_DISTS]
+    dists = [str(SGLANG_SERVER_TESTS / "dists" / d) for d in names]
     session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *dists)
     session.install("--no-deps", *sorted(str(w) for w in wheels.glob("*.whl")))
-    session.run("python", "-c", _ASSERT_SGLANG_ENV)
+
+
+def _run_server_tests(session: nox.Session, tests: Path) -> None:
     tmp = Path(session.create_tmp()).resolve()  # absolute: the chdir below moves into it
     session.chdir(tmp)
     pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
@@ -336,7 +358,31 @@ def sglang_server(session: nox.Session) -> None:
     pytest_args += ["-W", "ignore::DeprecationWarning", "-rA", "--durations=5"]
     # the servers' logs and traces stay in the session's own folder, whoever else uses /tmp
     pytest_args += ["--basetemp", str(tmp / "pytest")]
-    session.run("python", "-m", "pytest", *pytest_args, str(SGLANG_SERVER_TESTS), *session.posargs)
+    session.run("python", "-m", "pytest", *pytest_args, str(tests), *session.posargs)
+
+
+@nox.session
+def sglang_refusal(session: nox.Session) -> None:
+    """warcore-sglang against sglang 0.5.22, a release it has not audited, on a CPU (not in the
+    default sessions: ``nox -s sglang_refusal``; ``.ci/run`` runs it).
+
+    The venv: torch==2.13.0 (CPU) from the shared torch env, sglang 0.5.22 and what its
+    imports and its ``Engine`` need here from ``plugins/sglang/sglang-0.5.22-pins.txt``
+    (``--no-deps``, as for 0.5.23), warcore and warcore-sglang (editable, ``--no-deps``), and
+    the out-of-tree backend of ``plugins/sglang/tests/server/dists/sglang_fork_attn`` as a
+    wheel. Runs plugins/sglang/tests/refusal: ``install()`` refuses on 0.5.22's real classes
+    and patches nothing, and 0.5.22's real ``Engine`` with ``WARCORE_SGLANG=1`` says so in one
+    start-up line and serves on sglang's own decisions.
+    """
+    _share_torch(session)
+    # --no-compile: installing sglang's wheel took 36 s with pip's byte-compiling, 4 s without
+    # (measured here); only what the tests import needs compiling, and it is, on import
+    session.install("--no-deps", "--no-compile", "-r", str(SGLANG_REFUSED_PINS))
+    session.install(PLUGGY["newest"], "pytest>=8")
+    session.install("--no-deps", "-e", str(ROOT), "-e", str(SGLANG))
+    _install_test_dists(session, ["sglang_fork_attn"])
+    session.run("python", "-c", _assert_sglang_env("0.5.22"))
+    _run_server_tests(session, SGLANG_REFUSAL_TESTS)
 
 
 VLLM = ROOT / "plugins" / "vllm"
