@@ -170,4 +170,8 @@ def test_the_benchmark_reports_both_and_their_ratio(tmp_path: Path) -> None:
         assert case["sglang_ns"] > 0 and case["warcore_ns"] > 0
         assert case["ratio"] == pytest.approx(case["warcore_ns"] / case["sglang_ns"], rel=0.01)
         assert case["sglang_answer"] == case["warcore_answer"], case  # same decision
-    assert "geometric mean ratio" in done.stdout
+        assert case["warcore_over_floor"] == pytest.approx(
+            case["warcore_ns"] / case["floor_ns"], rel=0.01
+        )
+    assert result["within_goal"] is (result["max_over_floor"] <= 1.25)
+    assert "warcore / floor (an empty Python method): max" in done.stdout

@@ -57,6 +57,7 @@ __all__ = [
     "in_tree_active",
     "installed_version",
     "original",
+    "own",
     "publish_phase",
     "registry_names",
     "sglang_algorithm",
@@ -211,6 +212,16 @@ def in_tree() -> Iterator[None]:
 
 def in_tree_active() -> bool:
     return getattr(_local, "depth", 0) > 0
+
+
+def own(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` as sglang's own code (:func:`in_tree` without a context
+    manager's cost: the patched points call it on their hot paths)."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        return function(*args, **kwargs)
+    finally:
+        _local.depth -= 1
 
 
 def unwrap(value: Any) -> Any:

@@ -3,18 +3,21 @@
 ``DecodeCudaGraphRunner.execute`` resolves where the forward's shared reads end on every
 replay: sglang 0.5.23 calls ``_resolve_shared_read_ends(attn_backend, mode)``, which asks the
 backend's ``shared_read_ends(mode)`` (through ``super()`` for ``trtllm_mha``). With warcore-sglang
-installed the same method is a dict lookup filled from warcore. This measures both, in one run,
-on the same objects: a bare ``DecodeCudaGraphRunner`` with an in-graph event and bare backends
-(``object.__new__``, the attributes the methods read), sglang's first, then ``install()``, then
-warcore's (its cache warmed by one call), then ``uninstall()``. Each case: the best of
-``--repeat`` runs of ``--calls`` calls, in ns per call, and warcore/sglang as a ratio (below 1:
-warcore's is faster).
+installed the same method answers from the runner's remembered answers (one identity test, one
+dict lookup; sglang's own answer and warcore's are bounded once, on the first call). This
+measures both, in one run, on the same objects: a bare ``DecodeCudaGraphRunner`` with an
+in-graph event and bare backends (``object.__new__``, the attributes the methods read).
 
 The floor, measured in the same run: the same call on a bare runner of a subclass whose
 ``_resolve_shared_read_ends`` is an empty Python method (``return forward_mode``). Nothing
-written in Python at that call site can cost less: floor/sglang is the least ratio any
-Python-level resolution can reach (the call itself, and the ``lambda`` the timing wraps it in,
-are in every number).
+written in Python at that call site can cost less (the call itself, and the ``lambda`` the
+timing wraps it in, are in every number). The goal is warcore's answer within :data:`GOAL`
+times the floor in every case.
+
+Each of ``--repeat`` rounds times every case's floor, sglang's own (uninstalled) and warcore's
+(installed, its cache warmed by one call), one after the other, ``--calls`` calls each; the
+best of the rounds is kept. Interleaving them means a machine that gets busier or quieter moves
+all three alike (these machines are shared and noisy).
 
 On a CPU-only machine sglang needs import-only stand-ins for triton and torchvision:
 ``PYTHONPATH=plugins/sglang/tests/_boot python -m warcore_sglang.bench``.
@@ -32,7 +35,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["main", "measure"]
+__all__ = ["GOAL", "main", "measure"]
+
+GOAL = 1.25
+"""warcore's per-replay answer costs at most this many times an empty Python method."""
 
 
 def _cases() -> list[tuple[str, Any, Any]]:
@@ -84,15 +90,34 @@ def _runners() -> tuple[Any, Any]:
     return runner, object.__new__(FloorRunner)
 
 
-def _timed(runner: Any, cases: list[tuple[str, Any, Any]], calls: int, repeat: int) -> list[Any]:
-    """Per case: (best ns per call of ``runner._resolve_shared_read_ends``, its answer); the
-    first call (which resolves and fills the caches) is not timed."""
-    out: list[Any] = []
-    for _, backend, mode in cases:
-        answer = runner._resolve_shared_read_ends(backend, mode)
-        ns = _best(lambda b=backend, m=mode: runner._resolve_shared_read_ends(b, m), calls, repeat)
-        out.append((ns, answer))
-    return out
+def _timed(runner: Any, case: tuple[str, Any, Any], calls: int) -> tuple[float, Any]:
+    """(ns per call of ``runner._resolve_shared_read_ends`` for one case, in one timing run,
+    its answer); a first call (which resolves and fills the caches) is not timed."""
+    _, backend, mode = case
+    answer = runner._resolve_shared_read_ends(backend, mode)
+    ns = _best(lambda: runner._resolve_shared_read_ends(backend, mode), calls, 1)
+    return ns, answer
+
+
+def _rounds(runner: Any, floor_runner: Any, cases: list[Any], calls: int, repeat: int) -> Any:
+    """``repeat`` rounds, each timing the floor, sglang's own and warcore's of every case one
+    after the other (installing and uninstalling around warcore's), so that a machine that
+    gets busier or quieter moves all three alike; the best of each is kept."""
+    import warcore_sglang
+
+    best: dict[str, list[tuple[float, Any]]] = {"floor": [], "own": [], "ours": []}
+    for _ in range(repeat):
+        floor = [_timed(floor_runner, case, calls) for case in cases]
+        own = [_timed(runner, case, calls) for case in cases]
+        warcore_sglang.install()
+        try:
+            ours = [_timed(runner, case, calls) for case in cases]
+        finally:
+            warcore_sglang.uninstall()
+        for key, got in (("floor", floor), ("own", own), ("ours", ours)):
+            kept = best[key] or got
+            best[key] = [min(a, b) for a, b in zip(kept, got, strict=True)]
+    return best["floor"], best["own"], best["ours"]
 
 
 def _row(label: str, own: tuple[float, Any], ours: tuple[float, Any], floor: float) -> Any:
@@ -103,7 +128,7 @@ def _row(label: str, own: tuple[float, Any], ours: tuple[float, Any], floor: flo
         "warcore_ns": round(warcore_ns, 1),
         "ratio": round(warcore_ns / sglang_ns, 3),
         "floor_ns": round(floor, 1),
-        "floor_ratio": round(floor / sglang_ns, 3),
+        "warcore_over_floor": round(warcore_ns / floor, 3),
         "sglang_answer": sglang_answer.name,
         "warcore_answer": answer.name,
     }
@@ -125,13 +150,8 @@ def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
         raise RuntimeError("uninstall warcore-sglang first: sglang's own code is measured first")
     runner, floor_runner = _runners()
     cases = _cases()
-    floors = [ns for ns, _ in _timed(floor_runner, cases, calls, repeat)]
-    own = _timed(runner, cases, calls, repeat)
-    warcore_sglang.install()
-    try:
-        ours = _timed(runner, cases, calls, repeat)
-    finally:
-        warcore_sglang.uninstall()
+    floors, own, ours = _rounds(runner, floor_runner, cases, calls, repeat)
+    floors = [ns for ns, _ in floors]
     labels = [label for label, _, _ in cases]
     results = [_row(*row) for row in zip(labels, own, ours, floors, strict=True)]
     ratios = [r["ratio"] for r in results]
@@ -143,8 +163,8 @@ def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
         "cases": results,
         "geomean_ratio": _geomean(ratios),
         "max_ratio": max(ratios),
-        "geomean_floor_ratio": _geomean([r["floor_ratio"] for r in results]),
-        "warcore_not_slower": max(ratios) <= 1.0,
+        "max_over_floor": max(r["warcore_over_floor"] for r in results),
+        "within_goal": max(r["warcore_over_floor"] for r in results) <= GOAL,
         "versions": {
             "sglang": sglang.__version__,
             "warcore": warcore.__version__,
@@ -169,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
     width = max(len(c["case"]) for c in result["cases"])
-    print(f"{'case':<{width}}  sglang ns  warcore ns  ratio  floor ns  floor ratio  answer")
+    print(f"{'case':<{width}}  sglang ns  warcore ns  ratio  floor ns  warcore/floor  answer")
     for c in result["cases"]:
         same = (
             c["sglang_answer"]
@@ -178,11 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"{c['case']:<{width}}  {c['sglang_ns']:>9.1f}  {c['warcore_ns']:>10.1f}  "
-            f"{c['ratio']:>5.3f}  {c['floor_ns']:>8.1f}  {c['floor_ratio']:>11.3f}  {same}"
+            f"{c['ratio']:>5.3f}  {c['floor_ns']:>8.1f}  {c['warcore_over_floor']:>13.3f}  {same}"
         )
     print(
-        f"geometric mean ratio {result['geomean_ratio']}, max {result['max_ratio']}; "
-        f"floor (an empty Python method) {result['geomean_floor_ratio']}"
+        f"warcore / sglang: geometric mean {result['geomean_ratio']}, max {result['max_ratio']}; "
+        f"warcore / floor (an empty Python method): max {result['max_over_floor']} "
+        f"(goal: at most {GOAL})"
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,11 @@ per round, and measures in each start:
   ``--new-tokens`` tokens (4-token prompts: one small prefill, then decode steps), tokens
   generated per second.
 
+And, in one more ``warcore`` start after the rounds, with ``WARCORE_SGLANG_METER`` on
+(:mod:`warcore_sglang.activation._meter`): per batch of the scheduler's loop, warcore's own
+time in its patched points against the batch's time (``run_batch`` to the end of the barrier),
+by forward mode: the direct measurement the end-to-end ratios cannot resolve on these cores.
+
 Variants: ``sglang`` (warcore-sglang installed but not activated), ``warcore``
 (``WARCORE_SGLANG=1``: every sglang process activated, warcore's plugins resolving sglang's
 declaration points, its event owner asked at every barrier), and ``sglang again`` (the first
@@ -99,6 +104,37 @@ def _one(variant: str, model: Path, work: Path, args: argparse.Namespace) -> dic
     }
 
 
+def _metered(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One more ``warcore`` start, every patched point timed inside the scheduler
+    (``WARCORE_SGLANG_METER``): per batch, warcore's own time against the batch's."""
+    work.mkdir(parents=True, exist_ok=True)
+    meter = work / "meter.jsonl"
+    env = {**serving.cpu_env(), **VARIANTS["warcore"], "WARCORE_SGLANG_TRACE": ""}
+    env |= {"WARCORE_PLUGINS": args.plugins, "WARCORE_SGLANG_METER": str(meter)}
+    engine = serving.cpu_engine_args(model, log_level="warning")
+    serving.run_engine(
+        engine, _waves(args), env=env, timeout=args.timeout, workdir=work, name="metered"
+    )
+    batches = [json.loads(line) for line in meter.read_text().splitlines() if line.strip()]
+    out: dict[str, Any] = {}
+    for mode in sorted({b["mode"] for b in batches}) + ["all"]:
+        of = [b for b in batches if mode in ("all", b["mode"])]
+        shares = sorted(b["warcore_ns"] / b["batch_ns"] for b in of)
+        out[mode] = {
+            "batches": len(of),
+            "warcore_us_median": round(statistics.median(b["warcore_ns"] for b in of) / 1e3, 2),
+            "calls_median": statistics.median(b["calls"] for b in of),
+            "batch_ms_median": round(statistics.median(b["batch_ns"] for b in of) / 1e6, 3),
+            "share_median": round(statistics.median(shares), 5),
+            "share_p90": round(shares[int(0.9 * (len(shares) - 1))], 5),
+            "share_max": round(shares[-1], 5),
+            "share_of_total": round(
+                sum(b["warcore_ns"] for b in of) / sum(b["batch_ns"] for b in of), 5
+            ),
+        }
+    return out
+
+
 def _ratio(rows: list[dict[str, Any]], key: str, num: str, den: str) -> list[float]:
     by_round: dict[int, dict[str, Any]] = {}
     for r in rows:
@@ -132,7 +168,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     f"{row['ttft_ms']:7.2f} ms  decode {row['decode_tok_s']:7.1f} tok/s",
                     flush=True,
                 )
-    summary: dict[str, Any] = {}
+        per_batch = _metered(model, Path(tmp) / "metered", args)
+    summary: dict[str, Any] = {"per_batch": per_batch}
     for key in ("startup_s", "scheduler_startup_s", "ttft_ms", "decode_tok_s"):
         summary[key] = {
             "warcore / sglang": _spread(_ratio(rows, key, "warcore", "sglang")),
@@ -227,6 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     result["wall_s"] = round(time.monotonic() - started, 1)
     for key, s in result["summary"].items():
+        if key == "per_batch":
+            for mode, m in s.items():
+                print(
+                    f"per batch, {mode:<7} {m['batches']:>4} batches: warcore "
+                    f"{m['warcore_us_median']:.1f} us ({m['calls_median']} patched calls) of "
+                    f"{m['batch_ms_median']:.2f} ms: median {m['share_median']:.3%}, p90 "
+                    f"{m['share_p90']:.3%}, of the total {m['share_of_total']:.3%}"
+                )
+            continue
         if key == "scheduler_activation":
             sec, share = s["seconds"], s["share_of_scheduler_startup"]
             print(

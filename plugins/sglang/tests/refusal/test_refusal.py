@@ -117,6 +117,28 @@ def test_install_refuses_0_5_22_and_patches_nothing() -> None:
     assert not changed, changed
 
 
+def test_past_the_version_the_shape_gate_refuses_0_5_22_by_its_first_differing_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An sglang 0.5.22 claiming to be an audited version (its version gate passed, 0.5.23's
+    table applied): the shape gate still refuses it, naming the first check that differs, and
+    nothing stays patched."""
+    from warcore_sglang import _names
+
+    modules = [importlib.import_module(m) for m in MODULES]
+    before = _snapshot(modules)
+    monkeypatch.setitem(_names.AUDITED, REFUSED, _names.AUDITED[AUDITED])
+    with pytest.raises(UnsupportedSglangError) as refused:
+        warcore_sglang.install()
+    message = str(refused.value)
+    assert f"differs from the audited {REFUSED} at " in message, message
+    assert "module global envs: missing" in message, message  # base_attn_backend, first
+    assert "sglang's own barrier decisions apply" in message
+    assert not warcore_sglang.is_installed()
+    after = _snapshot(modules)
+    assert not sorted(k for k in before if after.get(k) is not before[k])
+
+
 def test_0_5_22_differs_where_warcore_sglang_copies_sglang() -> None:
     """What the refusal protects against, on the installed wheel (the shape gate's evidence)."""
     from sglang.srt.environ import envs

@@ -34,7 +34,7 @@ from .. import _sglang
 from .._names import AUDITED, SRT
 from .._post_import import PostImportFinder
 from .._prefill_switch import DEFAULT, prefill_switch_setting, read_prefill_switch
-from . import _machinery, _ranks, _shape, _state
+from . import _machinery, _meter, _ranks, _shape, _state
 from ._machinery import on_subclasses, patch_tree, set_attr, wrap
 from ._owner import make_owner_property
 from ._points import (
@@ -100,40 +100,50 @@ def _no_writer_of_the_marker(cls: type) -> None:
 # -- what each watched module gets -----------------------------------------------------------
 
 
+def _point(make: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A declaration point's factory, its product timed when metering (:mod:`._meter`)."""
+    state = _state.current
+    return _meter.timed(make) if state is not None and state.meter else make
+
+
 def _on_base_backend(module: ModuleType) -> None:
     _gate(module)
-    patch_tree(module.AttentionBackend, "shared_read_ends", make_shared_read_ends)
-    patch_tree(module.AttentionBackend, "resolve_prefill_shared_read_ends", make_resolve_prefill)
+    backend = module.AttentionBackend
+    patch_tree(backend, "shared_read_ends", _point(make_shared_read_ends))
+    patch_tree(backend, "resolve_prefill_shared_read_ends", _point(make_resolve_prefill))
 
 
 def _on_spec_info(module: ModuleType) -> None:
     _gate(module)
     algo = module.SpeculativeAlgorithm
     original = vars(algo)["supports_prefill_shared_read_done"]
-    set_attr(algo, "supports_prefill_shared_read_done", make_supports_prefill(original))
+    set_attr(algo, "supports_prefill_shared_read_done", _point(make_supports_prefill)(original))
 
 
 def _on_spec_registry(module: ModuleType) -> None:
     _gate(module)
-    patch_tree(module.CustomSpecAlgo, "supports_prefill_shared_read_done", make_supports_prefill)
+    supports = _point(make_supports_prefill)
+    patch_tree(module.CustomSpecAlgo, "supports_prefill_shared_read_done", supports)
 
 
 def _on_decode_runner(module: ModuleType) -> None:
     _gate(module)
     runner = module.DecodeCudaGraphRunner
     on_subclasses(runner, "in_graph_metadata_prep_done", _no_writer_of_the_marker)
-    patch_tree(runner, "_resolve_shared_read_ends", make_resolve_decode)
+    patch_tree(runner, "_resolve_shared_read_ends", _point(make_resolve_decode))
     patch_tree(runner, "_record_in_graph_metadata_prep_done", make_record_marker)
 
 
 def _on_spec_worker(module: ModuleType) -> None:
     _gate(module)
-    patch_tree(module.BaseSpecWorker, "last_shared_read_runner", make_owner_property, _worker_gate)
+    owner = _point(make_owner_property)
+    patch_tree(module.BaseSpecWorker, "last_shared_read_runner", owner, _worker_gate)
 
 
 def _on_tp_worker(module: ModuleType) -> None:
     _gate(module)
-    patch_tree(module.BaseTpWorker, "last_shared_read_runner", make_owner_property, _worker_gate)
+    owner = _point(make_owner_property)
+    patch_tree(module.BaseTpWorker, "last_shared_read_runner", owner, _worker_gate)
 
 
 def _on_backend_setup(module: ModuleType) -> None:
@@ -146,6 +156,13 @@ def _on_scheduler(module: ModuleType) -> None:
     _gate(module)
     scheduler = module.Scheduler
     set_attr(scheduler, "__init__", _make_scheduler_init(vars(scheduler)["__init__"]))
+    state = _state.current
+    if state is not None and state.meter:
+        run_batch, barrier = _meter.timed_batches(
+            vars(scheduler)["run_batch"], vars(scheduler)["_apply_war_barrier"], state.meter
+        )
+        set_attr(scheduler, "run_batch", run_batch)
+        set_attr(scheduler, "_apply_war_barrier", barrier)
 
 
 _WATCH: dict[str, Callable[[ModuleType], None]] = {
@@ -334,6 +351,7 @@ def install(
             prefill_switch=switch,
             version=version,
             on_failure=_on_failure,
+            meter=_meter.path(),
         )
         _state.current = state
         _state.degraded = None

@@ -13,6 +13,7 @@ outlive it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -49,21 +50,42 @@ def _worker_runners(worker: Any) -> tuple[Any, Any]:
     return target, draft
 
 
-def _warcore_runner(worker: Any, own: Any) -> Any:
-    """The runner warcore's event owner names for this worker's step (``None``: no owner);
-    ``own`` where warcore cannot name the worker's algorithm."""
-    target, draft = _worker_runners(worker)
+_OWN = "own"
+"""warcore's owner where it cannot name the worker's algorithm: sglang's own."""
+
+
+def _owner_name(worker: Any, facts: StepFacts) -> str | None:
+    """``"target"``, ``"draft"``, :data:`_OWN`, or ``None`` (no owner) for this worker's
+    algorithm under ``facts``."""
+    target, _ = _worker_runners(worker)
     algo = getattr(target, "spec_algorithm", None)
     name = _sglang.warcore_algorithm(algo if algo is not None else process_algorithm())
     if name is None:
+        return _OWN
+    return get_decision_cache(_state.pm()).event_owner(name, facts).owner
+
+
+def _warcore_runner(worker: Any, own: Any) -> Any:
+    """The runner warcore's event owner names for this worker's step (``None``: no owner),
+    remembered per worker and facts until warcore's plugins or switches change."""
+    state = worker.__dict__
+    drafter = state.get("_draft_worker")
+    key = (drafter is not None, bool(getattr(drafter, "last_draft_extend_staged", False)))
+    cached = state.get(_state.OWNER)
+    if cached is None or cached[0] != _state.gen:
+        cached = state[_state.OWNER] = (_state.gen, {})
+        with contextlib.suppress(TypeError):
+            _state.CACHED.add(worker)
+    owner = cached[1].get(key, _MISSING)
+    if owner is _MISSING:
+        owner = cached[1][key] = _owner_name(worker, StepFacts(*key))
+    if owner == _OWN:
         return own
-    drafter = worker.__dict__.get("_draft_worker")
-    facts = StepFacts(
-        has_draft_model=drafter is not None,
-        draft_extend_staged=bool(getattr(drafter, "last_draft_extend_staged", False)),
-    )
-    owner = get_decision_cache(_state.pm()).event_owner(name, facts).owner
-    return {"target": target, "draft": draft}.get(owner or "")
+    target, draft = _worker_runners(worker)
+    return target if owner == "target" else draft if owner == "draft" else None
+
+
+_MISSING = object()
 
 
 def _coarse(worker: Any, own: Any) -> _NoEvent:
@@ -86,8 +108,7 @@ def make_owner_property(original: property) -> property:
     def last_shared_read_runner(self: Any) -> Any:
         if _state.current is None or _sglang.in_tree_active():
             return fget(self)
-        with _sglang.in_tree():
-            own = fget(self)  # sglang's answer for this step, from the worker's live state
+        own = _sglang.own(fget, self)  # sglang's answer for this step, from its live state
         try:
             ours = _warcore_runner(self, own)
         except Exception as exc:

@@ -66,8 +66,7 @@ def make_shared_read_ends(original: Callable[..., Any]) -> Callable[..., Any]:
             if ends is not None:
                 return ends
         gen = _state.gen
-        with _sglang.in_tree():
-            own = original(self, fm)
+        own = _sglang.own(original, self, fm)
         try:
             ends = decide_ends(self, fm, own)  # warcore's answer, never earlier than own
         except Exception as exc:
@@ -89,8 +88,8 @@ def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         if _state.current is None or _sglang.in_tree_active():
             return original(self, forward_batch, *args, **kw)
-        with _sglang.in_tree():  # sglang's gates, switches and per-batch snapshot, as shipped
-            own = original(self, forward_batch, *args, **kw)
+        # sglang's gates, switches and per-batch snapshot, as shipped
+        own = _sglang.own(original, self, forward_batch, *args, **kw)
         try:
             return _later(own, _prefill_ends(self, own, kw.get("build_snapshot", True)))
         except Exception as exc:
@@ -169,8 +168,7 @@ def _decode(runner: Any, backend: Any, mode: Any, original: Callable[..., Any]) 
     ends = table.get(backend, {}).get(mode) if table is not None else None
     if ends is None:
         gen = _state.gen
-        with _sglang.in_tree():
-            own = original(runner, backend, mode)
+        own = _sglang.own(original, runner, backend, mode)
         try:
             ends = _later(own, backend.shared_read_ends(mode))  # warcore's, through its patch
         except Exception as exc:

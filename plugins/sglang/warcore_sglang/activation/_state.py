@@ -34,7 +34,9 @@ TABLE = "_warcore_sglang_table"
 """A decode runner's answers: backend -> mode -> ends."""
 FAST = "_warcore_sglang_fast"
 """A decode runner's answers for its last backend: (backend, mode -> ends, UNKNOWN left out)."""
-PER_INSTANCE = (SRE, PREFILL, TABLE, FAST)
+OWNER = "_warcore_sglang_owner"
+"""A worker's event owners: (generation, (has draft, staged) -> owner name)."""
+PER_INSTANCE = (SRE, PREFILL, TABLE, FAST, OWNER)
 
 
 @dataclass
@@ -61,6 +63,8 @@ class State:
     seconds: float = 0.0
     """warcore-sglang's time in this process after :func:`install` returned: checking and
     patching the watched modules as sglang imports them, and the checkpoint."""
+    meter: str | None = None
+    """``WARCORE_SGLANG_METER``'s file: every patched point timed, one line per batch."""
     on_failure: Callable[[str, Exception], None] | None = None
     """What a failed check or patch calls (the activation then takes itself off)."""
 
