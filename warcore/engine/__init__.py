@@ -16,7 +16,7 @@ from warcore._lazy import lazy_exports
 if TYPE_CHECKING:
     from warcore.engine.config import FENCES, LOOPS, EngineConfig
     from warcore.engine.drafter import DrafterError
-    from warcore.engine.engine import Engine, EngineFailed
+    from warcore.engine.engine import Engine, EngineBusy, EngineFailed
     from warcore.engine.model import ModelConfig, TinyLlama
     from warcore.engine.observe import EngineObserver
     from warcore.engine.report import RunReport, compare_with_serial
@@ -29,6 +29,7 @@ _EXPORTS = {
     "LOOPS": "warcore.engine.config",
     "EngineConfig": "warcore.engine.config",
     "Engine": "warcore.engine.engine",
+    "EngineBusy": "warcore.engine.engine",
     "EngineFailed": "warcore.engine.engine",
     "RunReport": "warcore.engine.report",
     "compare_with_serial": "warcore.engine.report",
@@ -48,6 +49,7 @@ __all__ = [
     "LOOPS",
     "DrafterError",
     "Engine",
+    "EngineBusy",
     "EngineConfig",
     "EngineFailed",
     "EngineObserver",

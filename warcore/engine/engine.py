@@ -17,6 +17,7 @@ batches, so its tokens are the oracle for the overlap loop.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -61,7 +62,7 @@ from warcore.engine.spec import StepWorker, Worker, build_drafter
 from warcore.engine.steps import engine_problem, records_per_step, step_of
 from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
-__all__ = ["Engine", "EngineFailed"]
+__all__ = ["Engine", "EngineBusy", "EngineFailed"]
 
 Launched = tuple[Scheduled, StepOutput]
 """A launched step: the scheduler's batch, and the output its forwards will leave."""
@@ -69,6 +70,11 @@ Launched = tuple[Scheduled, StepOutput]
 
 class EngineFailed(RuntimeError):
     """The engine was asked to run after a device fault stopped it."""
+
+
+class EngineBusy(RuntimeError):
+    """The engine was asked to run while a run of it was in progress (another thread's, or a
+    callback of the run itself): one engine serves one run at a time."""
 
 
 class Engine:
@@ -88,6 +94,9 @@ class Engine:
         pm: WarcorePluginManager | None = None,
     ) -> None:
         self._built_backends: list[object] = []
+        self._running = threading.Lock()
+        """Held for a whole run: two runs of one engine would share its streams, pools and rows,
+        and each would return the other's tokens without an error."""
         try:
             self._construct(config, device=device, pm=pm)
         except BaseException:
@@ -464,9 +473,27 @@ class Engine:
         the report has ``errors[rid]`` saying why (naming the value and the limit) and an empty
         output, and every other request is served. Two requests with the same ``rid`` raise
         :class:`ValueError` naming it before anything runs: outputs and errors are keyed by
-        ``rid``, so serving both would lose one of them.
+        ``rid``, so serving both would lose one of them. A run while another run of this engine
+        is in progress (another thread's) raises :class:`EngineBusy` at once, changing nothing.
         """
         _check_request_ids(requests)
+        if not self._running.acquire(blocking=False):
+            raise EngineBusy(
+                "this engine is already running (another thread's run, or a callback of the "
+                "run): one engine serves one run at a time; wait for it, or build an Engine "
+                "per thread"
+            )
+        try:
+            return self._observed_run(requests, progress, observer)
+        finally:
+            self._running.release()
+
+    def _observed_run(
+        self,
+        requests: list[Request],
+        progress: Callable[[int, int], None] | None,
+        observer: EngineObserver | None,
+    ) -> RunReport:
         if observer is None:
             return self._run(requests, progress, _NO_OBSERVER)
         self.device.set_span_sink(observer.device_span)
