@@ -217,6 +217,32 @@ def test_the_engine_accepts_a_plugins_own_flags() -> None:
         Engine(EngineConfig(flags=(("wctest_my_offload", True),)), device="sim", pm=fresh_manager())
 
 
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ({"hicahce": True}, "unknown engine flag 'hicahce' (did you mean 'hicache'?)"),
+        ({"hicache": "false"}, "engine flag 'hicache' is a bool flag; got 'false'"),
+        ({"hicache": 1}, "engine flag 'hicache' is a bool flag; got 1"),
+        ({"hybrid_decode_backend": "nope"}, "flag hybrid_decode_backend='nope': unknown backend"),
+        ({"layer_hybrid_backends": "layer_hybrid"}, "cannot be its own child"),
+    ],
+)
+def test_the_matrix_api_checks_flags_as_the_command_line_does(
+    flags: dict[str, object], says: str
+) -> None:
+    """A misspelt ``hicahce`` once gave a cell recorded at pre_replay (where ``hicache`` vetoes
+    the fast path) and ``'false'`` read as on: the API refuses what ``--flag`` refuses."""
+    from warcore.audit.matrix import build_matrix, model_differences
+
+    pm = fresh_manager()
+    with pytest.raises(ValueError) as info:
+        build_matrix(pm, flags, backends=["torch_native"])  # type: ignore[arg-type]
+    assert says in str(info.value)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        model_differences(pm, flags)  # type: ignore[arg-type]
+    assert build_matrix(pm, {"hicache": False}, backends=["torch_native"])  # a right one runs
+
+
 # -- the documentation ---------------------------------------------------------------------
 
 

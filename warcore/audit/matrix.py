@@ -6,6 +6,7 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from warcore.attention.composite import check_engine_flags
 from warcore.audit.steps import step_problems
 from warcore.core import (
     CONTRACT_MODES,
@@ -151,12 +152,14 @@ def build_matrix(
     facts the event owner is resolved for (default: a rank with a draft model, nothing
     staged). ``backends``, ``modes`` and ``algorithms`` keep only the cells whose backend,
     mode and algorithm are among them (``None``: every one); the other cells are not
-    resolved."""
+    resolved. ``flags`` are checked as ``--flag`` checks them (:class:`ValueError` naming a
+    flag that is undeclared, of the wrong kind, or names no usable child backend)."""
+    checked = check_engine_flags(flags or {}, pm)  # a typo would read as the default
     registry = get_registry(pm)
     cache = get_decision_cache(pm)
     facts = facts if facts is not None else StepFacts()
     return [
-        _row(pm, cache, backend, mode, BoundaryContext(algorithm, flags or {}), facts)
+        _row(pm, cache, backend, mode, BoundaryContext(algorithm, checked), facts)
         for backend in sorted(registry.backends)
         if backends is None or backend in backends
         for mode in ForwardMode
@@ -348,7 +351,9 @@ def model_differences(
     backend declares a different boundary than that backend (captured graph; eager prefill).
 
     Algorithms are paired by name (``none`` with ``none``) and by ``AlgorithmSpec.models``
-    (``eagle`` with ``sglang_eagle``), each side only where its engine runs it."""
+    (``eagle`` with ``sglang_eagle``), each side only where its engine runs it. ``flags`` are
+    checked as in :func:`build_matrix`."""
+    checked = check_engine_flags(flags or {}, pm)
     registry = get_registry(pm)
     out: list[ModelDifference] = []
     for name, offer in sorted(registry.backends.items()):
@@ -368,10 +373,10 @@ def model_differences(
         for mode in ForwardMode:
             for alg, partner in pairs:
                 ours = resolve_shared_read_boundary(
-                    name, mode, BoundaryContext(alg, flags or {}), pm=pm
+                    name, mode, BoundaryContext(alg, checked), pm=pm
                 )
                 theirs = resolve_shared_read_boundary(
-                    modelled, mode, BoundaryContext(partner, flags or {}), pm=pm
+                    modelled, mode, BoundaryContext(partner, checked), pm=pm
                 )
                 if ours.boundary is not theirs.boundary:
                     out.append(ModelDifference(name, modelled, mode, alg, partner, ours, theirs))

@@ -190,14 +190,15 @@ def parse_flag(text: str, specs: Mapping[str, FlagSpec] | None = None) -> tuple[
 def parse_flags(texts: Sequence[str]) -> dict[str, FlagValue]:
     """Every ``--flag`` of a command (see :func:`parse_flag`); a flag given twice with two
     values is an error, and so are wrapper children that name no usable backend or make a
-    wrapper its own child (:func:`~warcore.attention.composite.check_child_flags`): the same
-    line from ``run``, ``sanitize`` and ``matrix``, before anything is built."""
+    wrapper its own child (:func:`~warcore.attention.composite.check_engine_flags`, which
+    ``build_matrix`` calls too): the same line from ``run``, ``sanitize`` and ``matrix``, before
+    anything is built."""
     if not texts:
         return {}
-    from warcore.attention.composite import check_child_flags  # no torch: a name check
+    from warcore.attention.composite import check_engine_flags  # no torch: a name check
 
-    registry = get_registry(plugin_manager())
-    specs = registry.flag_specs()
+    pm = plugin_manager()
+    specs = get_registry(pm).flag_specs()
     flags: dict[str, FlagValue] = {}
     for text in texts:
         name, value = parse_flag(text, specs)
@@ -205,10 +206,9 @@ def parse_flags(texts: Sequence[str]) -> dict[str, FlagValue]:
             raise UsageError(f"--flag {name} is given twice: {flags[name]!r} and {value!r}")
         flags[name] = value
     try:
-        check_child_flags(flags, registry.backend)
+        return check_engine_flags(flags, pm)  # what the Python API checks too
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return flags
 
 
 # -- argument types and checks made before anything is measured ---------------------------
