@@ -87,8 +87,9 @@ def _named(flag: str, value: object) -> tuple[str, ...]:
 
 def check_child_flags(flags: Mapping[str, FlagValue], backend: Callable[[str], object]) -> None:
     """The children of the core wrappers ``backend`` offers, as ``flags`` name them (the
-    defaults for the flags not given): each a usable backend (``backend(name)``, ``Registry.backend``, raises for one
-    that is not), and no wrapper among its own children, directly
+    defaults for the flags not given): each a usable backend (``backend(name)``,
+    ``Registry.backend``, raises for one that is not), and no wrapper among its own children,
+    directly
     (``layer_hybrid_backends=layer_hybrid``) or through the other wrapper
     (``hybrid_decode_backend=layer_hybrid`` with ``layer_hybrid_backends=hybrid``). Raises
     :class:`ValueError` naming the flag (and the path back to the wrapper). Called by the

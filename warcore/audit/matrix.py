@@ -12,7 +12,6 @@ from warcore.core import (
     CONTRACT_MODES,
     ENV_PLUGINS,
     AlgorithmSpec,
-    BackendSpec,
     BoundaryContext,
     BoundaryResolution,
     DecisionCache,
@@ -31,7 +30,6 @@ from warcore.core import (
     get_decision_cache,
     get_registry,
     host_release_point,
-    latest,
     resolve_fast_path_veto,
     resolve_shared_read_boundary,
     resolve_war_publish_phase,
@@ -170,18 +168,6 @@ def build_matrix(
     ]
 
 
-def _host_reads(spec: BackendSpec, mode: ForwardMode) -> SharedReadBoundary | None:
-    """What the engine merges for a runner (``Engine._host_reads``): the spec's declaration
-    and, where the factory is the backend class itself, the class's ``host_reads``."""
-    reads = [b for b in (spec.host_read_until(mode),) if b is not None]
-    factory = spec.factory
-    if isinstance(factory, type):
-        declared = getattr(factory, "host_reads", {})
-        if isinstance(declared, Mapping) and isinstance(declared.get(mode), SharedReadBoundary):
-            reads.append(declared[mode])
-    return latest(reads) if reads else None
-
-
 def _same_engine(engine: str, algorithm: AlgorithmSpec) -> bool:
     return algorithm.name in ENGINE_NEUTRAL_ALGORITHMS or algorithm.engine == engine
 
@@ -196,7 +182,8 @@ def _row(
 ) -> MatrixRow:
     runner = RUNNER_OF_MODE.get(mode)
     owner = cache.event_owner(context.algorithm, facts)
-    host_reads = _host_reads(get_registry(pm).backend(backend), mode)
+    # The spec's and, where its factory is the backend class, the class's (merged by the spec).
+    host_reads = get_registry(pm).backend(backend).host_read_until(mode)
     staging = prefill_staging(get_registry(pm).algorithm(context.algorithm))
     if runner is None:
         # Still resolve the answers: the declaration is worth showing, and `check` must see a

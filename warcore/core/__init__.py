@@ -47,7 +47,9 @@ from ._specs import (
     BoundaryContext,
     FlagSpec,
     FlagValue,
+    HostReads,
     StepFacts,
+    parse_host_reads,
     validate_name,
 )
 from ._steps import NUM_DRAFT, PUBLISHING_MODES, Phase, StepSpec
@@ -67,12 +69,14 @@ __all__ = [
     "FlagSpec",
     "FlagValue",
     "ForwardMode",
+    "HostReads",
     "Phase",
     "RecordPoint",
     "SharedReadBoundary",
     "StepFacts",
     "StepSpec",
     "latest",
+    "parse_host_reads",
     "validate_name",
     # the hooks, the manager and the registry
     "BUILTIN_PLUGIN_NAME",

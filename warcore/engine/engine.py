@@ -326,8 +326,9 @@ class Engine:
 
     def _host_reads(self, backend: AttentionBackend) -> dict[ForwardMode, SharedReadBoundary]:
         """Until when the backend's kernels read staged host buffers, per mode: the latest of
-        what its class and its spec declare."""
-        reads = dict(backend.host_reads)
+        what its class and its spec declare (a bad class declaration is refused here, naming
+        the backend, before anything runs)."""
+        reads = dict(backend.host_read_items())
         for mode, until in self.backend_spec.host_read_items():
             reads[mode] = latest(reads.get(mode, until), until)
         return reads
