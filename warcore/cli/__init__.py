@@ -13,11 +13,12 @@ May import every other part of warcore; nothing in warcore imports it (``warcore
 and the ``warcore`` console script aside).
 
 Exit status: 0 ok, 1 problems found (``check``; a run or audit that found one), a plugin
-failed under strict mode, or an algorithm's drafter factory failed (``run``), 2 bad usage or a
-malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors too, through
-:class:`~warcore.cli._common.Parser`), or a command that runs a forward (``run``, ``sanitize``,
-``soak``, ``bench``) where torch is not installed (``pip install 'warcore[engine]'``), 141 the
-reader of stdout went away (quietly, like a Unix tool ended by SIGPIPE).
+failed under strict mode, or an algorithm's drafter or stager factory failed (``run``), 2 bad
+usage or a malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors
+too, through :class:`~warcore.cli._common.Parser`), or a command that runs a forward (``run``,
+``sanitize``, ``soak``, ``bench``) where torch is not installed (``pip install
+'warcore[engine]'``), 141 the reader of stdout went away (quietly, like a Unix tool ended by
+SIGPIPE).
 """
 
 from __future__ import annotations

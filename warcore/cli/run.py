@@ -173,11 +173,11 @@ def _run(args: argparse.Namespace) -> int:
     check_offered(pm, "algorithm", args.algorithm)
     from warcore.core import DuplicateNameError, UnknownNameError
     from warcore.device import DeviceError
-    from warcore.engine import DrafterError
+    from warcore.engine import AlgorithmFactoryError
 
     try:
         return _serve(args, flags)
-    except DrafterError as exc:  # the plugin failed, not the command line: exit 1
+    except AlgorithmFactoryError as exc:  # the plugin failed, not the command line: exit 1
         print(f"warcore: error: {exc}", file=sys.stderr)
         return 1
     except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:

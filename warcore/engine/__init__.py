@@ -15,7 +15,7 @@ from warcore._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from warcore.engine.config import FENCES, LOOPS, EngineConfig
-    from warcore.engine.drafter import DrafterError
+    from warcore.engine.drafter import AlgorithmFactoryError, DrafterError
     from warcore.engine.engine import Engine, EngineBusy, EngineFailed
     from warcore.engine.model import ModelConfig, TinyLlama
     from warcore.engine.observe import EngineObserver
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from warcore.engine.scheduler import Scheduler, SchedulerConfig
 
 _EXPORTS = {
+    "AlgorithmFactoryError": "warcore.engine.drafter",
     "DrafterError": "warcore.engine.drafter",
     "FENCES": "warcore.engine.config",
     "LOOPS": "warcore.engine.config",
@@ -47,6 +48,7 @@ __all__ = [
     "FENCES",
     "MAX_TRACE_REQUESTS",
     "LOOPS",
+    "AlgorithmFactoryError",
     "DrafterError",
     "Engine",
     "EngineBusy",

@@ -51,7 +51,7 @@ from warcore.device import (
     records_in_flight,
 )
 from warcore.engine.config import EngineConfig
-from warcore.engine.drafter import DrafterError, as_drafter
+from warcore.engine.drafter import AlgorithmFactoryError, DrafterError, as_drafter
 from warcore.engine.hicache import HostKVTier
 from warcore.engine.model import TinyLlama
 from warcore.engine.observe import EngineObserver
@@ -257,19 +257,19 @@ class Engine:
     def _install_stager(self, algorithm: AlgorithmSpec, worker: StepWorker, owner: str) -> None:
         """Give the target's prefill runner the algorithm's per-batch stager (stage, then
         publish), where its step reads later and staging is on; a factory that raises or
-        returns no callable is refused here, naming the algorithm."""
+        returns no callable is an :class:`AlgorithmFactoryError` here, naming the algorithm."""
         factory = algorithm.prefill_shared_read_stager
         if factory is None or not self.config.prefill_staging or not self.step.prefill_reads_later:
             return
         try:
             stager = factory(worker)
         except Exception as exc:
-            raise ValueError(
+            raise AlgorithmFactoryError(
                 f"{owner}: its prefill_shared_read_stager factory raised "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         if not callable(stager):
-            raise ValueError(
+            raise AlgorithmFactoryError(
                 f"{owner}: its prefill_shared_read_stager factory returned {stager!r}, not a "
                 "callable stager(forward_batch) -> bool"
             )
