@@ -221,6 +221,9 @@ def _bad_paths(tmp_path: Path) -> dict[str, str]:
     return {
         "a directory": str(tmp_path),
         "under a file": str(a_file / "out.json"),
+        # Root passes os.access() here, then cannot create the file: found by trying (issue 27).
+        "in /proc": "/proc/warcore-out.json",
+        "a new folder in /proc": "/proc/warcore-new/out.json",
     }
 
 
@@ -254,6 +257,47 @@ def test_an_unwritable_output_path_fails_before_measuring(
         assert code == 2, (what, err)
         assert path in err and len(err.strip().splitlines()) == 1, (what, err)
     assert no_measuring == []
+
+
+def test_an_output_that_fails_while_written_is_one_line_naming_it(
+    clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``/dev/full`` can be opened, so no check before the run can refuse it: the write fails
+    with one line naming the path (it was an OSError traceback)."""
+    from warcore import cli
+
+    code = cli.main(["bench", "lookup", "--number", "1", "--repeat", "1", "--json", "/dev/full"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    [line] = err.strip().splitlines()
+    assert "--json /dev/full" in line and "No space left on device" in line, line
+
+
+def test_trace_creates_missing_folders(
+    clean_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As docs/cli.md says (it was refused: "folder ... does not exist")."""
+    import json
+
+    from warcore import cli
+
+    trace = tmp_path / "new" / "deeper" / "run.json"
+    argv = ["run", "--requests", "1", "--device", "sim", "--no-verify", "--trace", str(trace)]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
+    assert sorted(p.name for p in trace.parent.iterdir()) == ["run.json"]  # no temporary left
+
+
+def test_the_writability_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    """It tries for real (create, then remove), and removes the folders it made to try."""
+    from warcore.cli._common import check_writable
+
+    kept = tmp_path / "kept.json"
+    kept.write_text("before")
+    check_writable("--json", kept)
+    check_writable("--json", tmp_path / "a" / "b" / "out.json", make_parents=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+    assert kept.read_text() == "before"
 
 
 # -- the Python API: only the bad request fails --------------------------------------------

@@ -8,11 +8,13 @@ import difflib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from warcore._files import probe_writable
 from warcore.core import (
     DuplicateNameError,
     FlagSpec,
@@ -44,6 +46,7 @@ __all__ = [
     "plugin_manager",
     "print_json",
     "print_table",
+    "writing",
 ]
 
 PROG = "warcore"
@@ -290,15 +293,13 @@ def check_writable(
     option: str, path: str | os.PathLike[str], *, make_parents: bool = False
 ) -> None:
     """Fail now, naming ``option``, if a file cannot be written at ``path`` — before minutes
-    of measuring, not after. The file itself is not created (nor an existing one changed);
-    with ``make_parents`` missing folders are fine if they could be created (they are not)."""
+    of measuring, not after. Found by trying: a file is created beside it and removed
+    (``os.access`` says yes to root where ``/proc`` still refuses); ``path`` itself is not
+    changed. With ``make_parents`` missing folders are fine if they can be created (they are
+    created to try, and removed again)."""
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory; give a file name")
-    if target.exists():
-        if not os.access(target, os.W_OK):
-            raise UsageError(f"{option} {path}: not writable")
-        return
     parent = target.parent
     while make_parents and not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -306,5 +307,17 @@ def check_writable(
         raise UsageError(f"{option} {path}: folder {target.parent} does not exist")
     if not parent.is_dir():
         raise UsageError(f"{option} {path}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: folder {parent} is not writable")
+    try:
+        probe_writable(target, make_parents=make_parents)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot create a file there ({exc.strerror})") from None
+
+
+@contextmanager
+def writing(option: str, path: str | os.PathLike[str]) -> Iterator[None]:
+    """An output file that cannot be written (checked, or while written: ``/dev/full``) is one
+    line naming ``option`` and ``path`` (a :class:`UsageError`), not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None

@@ -19,6 +19,7 @@ from warcore.cli._common import (
     check_writable,
     parse_flags,
     plugin_manager,
+    writing,
 )
 
 if TYPE_CHECKING:
@@ -131,7 +132,8 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         "--trace",
         metavar="FILE",
         help="write a Chrome/Perfetto trace of the run (host, forward and schedule streams, "
-        "read-done records, barriers) to FILE; open it at https://ui.perfetto.dev",
+        "read-done records, barriers) to FILE (missing folders are created); open it at "
+        "https://ui.perfetto.dev",
     )
     parser.add_argument(
         "--progress",
@@ -166,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
     # Everything that can be refused is refused before torch is imported (seconds) and
     # before anything is built: the names, the flags, the output path.
     if args.trace:
-        check_writable("--trace", args.trace)
+        check_writable("--trace", args.trace, make_parents=True)
     flags = parse_flags(args.flag)
     pm = plugin_manager()
     check_offered(pm, "backend", args.backend)
@@ -216,7 +218,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
     )
     trace = synthetic_trace(args.requests, seed=args.seed, prompts=args.prompts)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    recorder, trace_note = None, None
+    recorder = None
     if args.trace:
         from warcore.audit.trace_export import TraceRecorder
 
@@ -225,16 +227,15 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         report = engine.run(
             trace, progress=_ProgressBar(sys.stderr, "run", show), observer=recorder
         )
-        if recorder is not None:
-            trace_note = _write_trace(args.trace, recorder, report)
         if not args.no_verify:
             serial = Engine(_serial(config), device=args.device)
             with serial:
                 expected = serial.run(trace, progress=_ProgressBar(sys.stderr, "serial", show))
             compare_with_serial(report, expected)
-    print(format_report(report))
-    if trace_note is not None:
-        print(trace_note)
+    print(format_report(report))  # first: a trace that fails to write loses no report
+    if recorder is not None:
+        sys.stdout.flush()
+        print(_write_trace(args.trace, recorder, report))
     return 1 if report.matches_serial is False or report.errors or report.serial_errors else 0
 
 
@@ -251,10 +252,8 @@ def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
         "requests": report.requests,
         "tokens": report.tokens,
     }
-    try:
+    with writing("--trace", path):
         events = write_chrome_trace(recorder, path, meta)
-    except OSError as exc:
-        raise ValueError(f"--trace {path}: {exc.strerror or exc}") from None
     return f"  trace           {events} events in {path} (open it at https://ui.perfetto.dev)"
 
 
