@@ -143,10 +143,12 @@ class EngineConfig:
             raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:
             raise ValueError(f"num_draft must be at least 1, got {self.num_draft}")
-        if self.num_draft > self.max_num_draft:
+        if self.num_draft > self._by_batch:
+            sc = self.scheduler
             raise ValueError(
                 f"num_draft {self.num_draft} is more than this engine can run: at most "
-                f"{self.max_num_draft} ({self._num_draft_limit()})"
+                f"{self._by_batch} (a verify batch of {sc.max_running} requests x (num_draft + "
+                f"1) tokens must fit the engine's {self.token_capacity}-token batch)"
             )
         for name in ("schedule_work_s", "modelled_layer_s"):
             value = getattr(self, name)
@@ -174,22 +176,37 @@ class EngineConfig:
     def max_num_draft(self) -> int:
         """The widest speculation this configuration can run (31 by default): a verify batch of
         ``scheduler.max_running`` requests x ``num_draft + 1`` tokens must fit
-        :attr:`token_capacity`, and a one-token request's KV budget (``1 + 2 * num_draft``
-        positions, see :meth:`Request.kv_budget`) the model's context and the KV pool."""
-        by_batch = self.token_capacity // max(1, self.scheduler.max_running) - 1
-        by_context = (min(self.model.max_context, self.num_slots - 1) - 1) // 2
-        return min(by_batch, by_context)
+        :attr:`token_capacity` (checked when the config is made), and a one-token request's KV
+        budget (``1 + 2 * num_draft`` positions, see :meth:`Request.kv_budget`) the model's
+        context and the KV pool (checked by the engine for a speculative algorithm only:
+        :meth:`speculation_problem`)."""
+        return min(self._by_batch, self._by_context)
 
-    def _num_draft_limit(self) -> str:
-        sc = self.scheduler
-        by_batch = self.token_capacity // max(1, sc.max_running) - 1
-        if by_batch <= self.max_num_draft:
-            return (
-                f"a verify batch of {sc.max_running} requests x (num_draft + 1) tokens must fit "
-                f"the engine's {self.token_capacity}-token batch"
-            )
+    @property
+    def _by_batch(self) -> int:
+        return self.token_capacity // max(1, self.scheduler.max_running) - 1
+
+    @property
+    def _by_context(self) -> int:
+        return (min(self.model.max_context, self.num_slots - 1) - 1) // 2
+
+    def speculation_problem(self) -> str | None:
+        """Why a speculative algorithm cannot run ``num_draft`` drafts in this KV room, naming
+        the options that would make room (``None``: it can). A request reserves
+        ``2 x num_draft`` KV positions beyond its tokens; without speculation it reserves
+        none, so the engine asks this only of a speculative algorithm."""
+        n, context = self.num_draft, min(self.model.max_context, self.num_slots - 1)
+        if n <= self._by_context:
+            return None
+        head = (
+            f"algorithm {self.algorithm!r} with num_draft {n} needs KV room for 2 x num_draft "
+            f"positions beyond a request's tokens, {2 * n + 1} at least"
+        )
+        fewer = f"num_draft <= {max(1, (self.model.max_context - 1) // 2)}"
+        if 2 * n + 1 > self.model.max_context:  # more slots cannot help
+            return f"{head}; the model's max_context is {self.model.max_context}: give {fewer}"
+        fewer = f" or num_draft <= {self._by_context}" if self._by_context >= 1 else ""
         return (
-            f"a request reserves 2 x num_draft KV positions beyond its tokens, within a context "
-            f"of {min(self.model.max_context, self.num_slots - 1)} (the model's max_context "
-            f"{self.model.max_context}, num_slots {self.num_slots} less the dummy slot)"
+            f"{head}; num_slots {self.num_slots} leaves {context} (slot 0 is the dummy): give "
+            f"num_slots >= {2 * n + 2}{fewer}"
         )

@@ -136,6 +136,9 @@ class Engine:
             )
         step = step_of(algorithm)
         assert step is not None  # engine_problem() says why when there is none
+        room = cfg.speculation_problem() if step.speculative else None
+        if room is not None:
+            raise ValueError(room)
         self.step: StepSpec = step
         """The algorithm's step, as the worker runs it."""
         self.num_draft = cfg.num_draft if step.speculative else 0
