@@ -188,6 +188,36 @@ def test_engine_config_timings_must_be_finite(name: str, value: float) -> None:
         EngineConfig(**{name: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [
+        ("staging_guard", 0, "a bool"),  # it silently turned the guard off
+        ("use_graphs", 1, "a bool"),
+        ("prefill_staging", "yes", "a bool"),
+        ("hicache_deferred_free", None, "a bool"),
+        ("num_draft", 2.0, "an int"),
+        ("max_prompt", True, "an int"),
+        ("event_ring_depth", False, "an int or None"),
+        ("schedule_work_s", "0", "a number"),
+        ("backend", 3, "a str"),
+        ("model", {}, "a ModelConfig"),
+        ("flags", [("hicache", True)], "a tuple"),
+    ],
+)
+def test_every_engine_config_field_is_type_checked(name: str, value: object, kind: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name} must be {kind}, got ") as info:
+        EngineConfig(**{name: value})  # type: ignore[arg-type]
+    assert repr(value) in str(info.value)
+
+
+def test_no_engine_config_field_takes_just_anything() -> None:
+    import dataclasses
+
+    for field in dataclasses.fields(EngineConfig):
+        with pytest.raises(ValueError, match=field.name):
+            EngineConfig(**{field.name: object()})  # type: ignore[arg-type]
+
+
 def test_soak_needs_at_least_one_request_per_segment() -> None:
     result = _warcore("soak", "--requests", "0", "--steps", "10")
     assert "--requests" in _one_line(result) and "at least 1" in result.stderr

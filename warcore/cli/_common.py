@@ -22,8 +22,10 @@ from warcore.core import (
     LoaderConfig,
     UnknownNameError,
     WarcorePluginManager,
+    check_flags,
     get_plugin_manager,
     get_registry,
+    parse_decimal,
 )
 
 __all__ = [
@@ -170,10 +172,12 @@ def parse_flag_text(text: str, specs: Mapping[str, FlagSpec]) -> tuple[str, Flag
     if not sep:
         raise ValueError(f"--flag {text!r}: {name} is a {kind} flag and needs a value")
     if spec.kind is int:
-        try:
-            return name, int(raw)
-        except ValueError:
-            raise ValueError(f"--flag {text!r}: {name} is an int flag; got {raw!r}") from None
+        try:  # the range is the flag's own (FlagSpec.bounds), checked as the API checks it
+            value = parse_decimal(raw)
+            check_flags({name: value}, specs)
+        except ValueError as exc:
+            raise ValueError(f"--flag {text!r}: {name} is an int flag: {exc}") from None
+        return name, value
     return name, raw
 
 
@@ -234,7 +238,8 @@ class Limit:
         return self.kind.__name__
 
     def __call__(self, text: str) -> int | float:
-        value = self.kind(text)  # ValueError: argparse says "invalid int value"
+        # ValueError: argparse says "invalid int value"; an int is plain decimal digits only
+        value = parse_decimal(text) if self.kind is int else self.kind(text)
         if not math.isfinite(value) or not self.least <= value <= self.most:
             raise argparse.ArgumentTypeError(f"{self.describe()}, got {text!r}{self.why}")
         return value

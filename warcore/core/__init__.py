@@ -18,6 +18,7 @@ from ._decisions import (
     staged_prefill_point,
 )
 from ._diagnostics import PluginInfo, PluginValidationError
+from ._flags import check_flags, parse_decimal
 from ._hookspecs import hookimpl, hookspec
 from ._manager import (
     PluginLoadError,
@@ -41,6 +42,7 @@ from ._resolve import (
 from ._select import BUILTIN_PLUGIN_NAME
 from ._specs import (
     CORE_FLAGS,
+    INT_FLAG_BOUNDS,
     NCCL_ALLGATHER_IN_OVERLAP,
     AlgorithmSpec,
     BackendSpec,
@@ -58,6 +60,7 @@ __all__ = [
     # the vocabulary
     "CONTRACT_MODES",
     "CORE_FLAGS",
+    "INT_FLAG_BOUNDS",
     "NCCL_ALLGATHER_IN_OVERLAP",
     "NUM_DRAFT",
     "PUBLISHING_MODES",
@@ -75,7 +78,9 @@ __all__ = [
     "SharedReadBoundary",
     "StepFacts",
     "StepSpec",
+    "check_flags",
     "latest",
+    "parse_decimal",
     "parse_host_reads",
     "validate_name",
     # the hooks, the manager and the registry

@@ -16,6 +16,7 @@ __all__ = [
     "CORE_FLAGS",
     "EVENT_OWNERS",
     "FlagSpec",
+    "INT_FLAG_BOUNDS",
     "AlgorithmSpec",
     "Backend",
     "BackendSpec",
@@ -50,12 +51,17 @@ class FlagSpec:
     ``kind`` is ``bool``, ``int`` or ``str``; ``default`` is what ``context.flag(name)`` means
     when the flag is not set. The core's flags are in :data:`CORE_FLAGS`; a plugin declares its
     own so that ``--flag`` can reject a typo (an ignored flag can keep an earlier record point).
+    An ``int`` flag takes values from ``bounds`` (least, most), by default
+    :data:`INT_FLAG_BOUNDS`; every value outside is refused, as a typo would be::
+
+        FlagSpec("my_offload_chunks", int, 4, "chunks kept on the host", bounds=(1, 64))
     """
 
     name: str
     kind: type
     default: FlagValue
     description: str
+    bounds: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         validate_name("flag", self.name)
@@ -63,6 +69,33 @@ class FlagSpec:
             raise TypeError(f"flag {self.name!r}: kind must be bool, int or str")
         if type(self.default) is not self.kind:
             raise TypeError(f"flag {self.name!r}: default {self.default!r} is not {self.kind}")
+        object.__setattr__(self, "bounds", self._bounds())
+
+    def _bounds(self) -> tuple[int, int] | None:
+        if self.kind is not int:
+            if self.bounds is not None:
+                raise ValueError(f"flag {self.name!r}: bounds are for an int flag only")
+            return None
+        given = INT_FLAG_BOUNDS if self.bounds is None else self.bounds
+        if (
+            not isinstance(given, tuple)
+            or len(given) != 2
+            or any(type(b) is not int for b in given)
+            or given[0] > given[1]
+        ):
+            raise ValueError(
+                f"flag {self.name!r}: bounds must be (least, most) ints, got {given!r}"
+            )
+        if not given[0] <= cast(int, self.default) <= given[1]:
+            raise ValueError(
+                f"flag {self.name!r}: default {self.default!r} is outside its bounds, "
+                f"{given[0]} to {given[1]}"
+            )
+        return given
+
+
+INT_FLAG_BOUNDS = (0, 2**31 - 1)
+"""The values an ``int`` flag takes when its :class:`FlagSpec` declares no ``bounds``."""
 
 
 EVENT_OWNERS = ("target", "draft")
