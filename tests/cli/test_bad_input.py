@@ -36,8 +36,8 @@ def _warcore(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (["run", "--backend", "nope"], "'nope'", "torch_native"),
         (["run", "--algorithm", "nope"], "'nope'", "dflash"),
         (["run", "--device", "tpu"], "'tpu'", "sim, cuda"),
-        (["run", "--fence", "maybe"], "'maybe'", "fine, coarse, none"),
-        (["run", "--loop", "sideways"], "'sideways'", "overlap, serial"),
+        (["run", "--fence", "maybe"], "'maybe'", "'fine', 'coarse', 'none'"),
+        (["run", "--loop", "sideways"], "'sideways'", "'overlap', 'serial'"),
         (["run", "--dtype", "float8"], "'float8'", "float64"),
         (["run", "--requests", "0"], "--requests", "at least 1"),
         (["run", "--num-draft", "0"], "--num-draft", "at least 1"),
@@ -95,6 +95,38 @@ def test_unknown_names_list_the_valid_ones_in_the_api() -> None:
         BoundaryContext("Bad Name")
     with pytest.raises(ValueError, match="unknown fence 'fast'"):
         EngineConfig(fence="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "valid"),
+    [
+        ("--fence", "fien", "'fine', 'coarse', 'none'"),
+        ("--loop", "overlapp", "'overlap', 'serial'"),
+        ("--dtype", "float8", "'float64', 'float32', 'float16', 'bfloat16'"),
+    ],
+)
+def test_run_refuses_a_bad_choice_before_torch_is_imported(
+    option: str, value: str, valid: str
+) -> None:
+    """A typo is refused in the time the command line takes to parse, not after torch (and
+    the engine) are imported: it was checked when the engine was configured."""
+    code = (
+        "import sys\nfrom warcore.cli import main\n"
+        f"try:\n    status = main(['run', {option!r}, {value!r}])\n"
+        "except SystemExit as exit:\n    status = exit.code\n"
+        "print(status, 'torch' in sys.modules)"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean, timeout=120
+    )
+    assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert option in line and repr(value) in line and valid in line, line
+    from warcore.cli.run import FENCE_CHOICES, LOOP_CHOICES
+    from warcore.engine import FENCES, LOOPS
+
+    assert (FENCE_CHOICES, LOOP_CHOICES) == (FENCES, LOOPS)  # the parser's are the engine's
 
 
 # -- limits the engine cannot run past are one line and exit 2 ----------------------------

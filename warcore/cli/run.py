@@ -27,7 +27,22 @@ if TYPE_CHECKING:
     from warcore.core import FlagValue
     from warcore.engine import EngineConfig, RunReport
 
-__all__ = ["NUM_DRAFT", "NUM_SLOTS", "RUN", "format_report"]
+__all__ = [
+    "DTYPES",
+    "FENCE_CHOICES",
+    "LOOP_CHOICES",
+    "NUM_DRAFT",
+    "NUM_SLOTS",
+    "RUN",
+    "format_report",
+]
+
+FENCE_CHOICES = ("fine", "coarse", "none")
+"""``--fence``: ``warcore.engine.FENCES``, and ``--loop`` ``warcore.engine.LOOPS`` (a test ties
+them; the engine imports torch, and a typo is refused before torch is)."""
+LOOP_CHOICES = ("overlap", "serial")
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+"""``--dtype``: the ``torch`` dtypes of those names."""
 
 NUM_DRAFT = Limit(
     int,
@@ -47,8 +62,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="sim or cuda (default: cuda if present)")
     parser.add_argument("--backend", default="torch_native", help="attention backend name")
     parser.add_argument("--algorithm", default="none", help="speculative algorithm name")
-    parser.add_argument("--fence", default="fine", help="fine, coarse or none (unsafe)")
-    parser.add_argument("--loop", default="overlap", help="overlap or serial")
+    parser.add_argument(
+        "--fence", default="fine", choices=FENCE_CHOICES, help="fine, coarse or none (unsafe)"
+    )
+    parser.add_argument("--loop", default="overlap", choices=LOOP_CHOICES, help="overlap or serial")
     add_number(parser, "--requests", REQUESTS, 64, "requests in the trace")
     add_number(parser, "--seed", SEED, 0, "trace seed")
     parser.add_argument(
@@ -71,6 +88,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="float64",
+        choices=DTYPES,
         help="model dtype: float64 (default; keeps speculative decoding bit-exact), float32, "
         "float16, bfloat16 (flashinfer needs a 16-bit one)",
     )
@@ -143,9 +161,6 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_DTYPES = {name: name for name in ("float64", "float32", "float16", "bfloat16")}
-
-
 class _ProgressBar:
     def __init__(self, stream: TextIO, label: str, enabled: bool) -> None:
         self.stream, self.label, self.enabled = stream, label, enabled
@@ -197,11 +212,8 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         synthetic_trace,
     )
 
-    dtype = _DTYPES.get(args.dtype)
-    if dtype is None:
-        raise ValueError(f"unknown --dtype {args.dtype!r}; valid: {', '.join(_DTYPES)}")
     config = EngineConfig(
-        model=ModelConfig(dtype=getattr(torch, dtype)),
+        model=ModelConfig(dtype=getattr(torch, args.dtype)),  # one of DTYPES (argparse)
         backend=args.backend,
         algorithm=args.algorithm,
         fence=args.fence,
