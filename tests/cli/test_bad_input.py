@@ -155,14 +155,20 @@ def test_num_draft_past_what_the_engine_can_capture_names_the_limit() -> None:
 
 
 @pytest.mark.parametrize("slots", ["2", "8"])
-def test_a_small_kv_pool_is_refused_only_for_what_the_options_need(slots: str) -> None:
+def test_a_small_kv_pool_is_refused_only_for_what_the_options_need(
+    slots: str, clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--num-slots 2..8 --algorithm none`` was refused blaming ``num_draft 4``, which the user
     never passed and which no speculation uses: without speculation a small pool runs (each
     request that does not fit says so); with it, the line names num_slots and what it needs."""
-    plain = _warcore("run", "--num-slots", slots, "--algorithm", "none", "--requests", "2")
-    assert plain.returncode == 1, plain.stderr  # the requests that do not fit failed
-    assert "num_draft" not in plain.stderr and "per request" in plain.stdout, plain.stdout
-    line = _one_line(_warcore("run", "--num-slots", slots, "--algorithm", "dflash"))
+    from warcore import cli
+
+    run = ["run", "--device", "sim", "--num-slots", slots, "--requests", "2", "--no-verify"]
+    assert cli.main([*run, "--algorithm", "none"]) == 1  # the requests that do not fit failed
+    plain = capsys.readouterr()
+    assert "num_draft" not in plain.err and "per request" in plain.out, plain
+    assert cli.main([*run, "--algorithm", "dflash"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
     assert f"num_slots {slots}" in line and "num_slots >= 10" in line, line
     assert "num_draft 4" in line and "algorithm 'dflash'" in line, line
 
