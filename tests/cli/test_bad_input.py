@@ -36,8 +36,8 @@ def _warcore(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (["run", "--backend", "nope"], "'nope'", "torch_native"),
         (["run", "--algorithm", "nope"], "'nope'", "dflash"),
         (["run", "--device", "tpu"], "'tpu'", "sim, cuda"),
-        (["run", "--fence", "maybe"], "'maybe'", "fine, coarse, none"),
-        (["run", "--loop", "sideways"], "'sideways'", "overlap, serial"),
+        (["run", "--fence", "maybe"], "'maybe'", "'fine', 'coarse', 'none'"),
+        (["run", "--loop", "sideways"], "'sideways'", "'overlap', 'serial'"),
         (["run", "--dtype", "float8"], "'float8'", "float64"),
         (["run", "--requests", "0"], "--requests", "at least 1"),
         (["run", "--num-draft", "0"], "--num-draft", "at least 1"),
@@ -97,6 +97,38 @@ def test_unknown_names_list_the_valid_ones_in_the_api() -> None:
         EngineConfig(fence="fast")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "valid"),
+    [
+        ("--fence", "fien", "'fine', 'coarse', 'none'"),
+        ("--loop", "overlapp", "'overlap', 'serial'"),
+        ("--dtype", "float8", "'float64', 'float32', 'float16', 'bfloat16'"),
+    ],
+)
+def test_run_refuses_a_bad_choice_before_torch_is_imported(
+    option: str, value: str, valid: str
+) -> None:
+    """A typo is refused in the time the command line takes to parse, not after torch (and
+    the engine) are imported: it was checked when the engine was configured."""
+    code = (
+        "import sys\nfrom warcore.cli import main\n"
+        f"try:\n    status = main(['run', {option!r}, {value!r}])\n"
+        "except SystemExit as exit:\n    status = exit.code\n"
+        "print(status, 'torch' in sys.modules)"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean, timeout=120
+    )
+    assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert option in line and repr(value) in line and valid in line, line
+    from warcore.cli.run import FENCE_CHOICES, LOOP_CHOICES
+    from warcore.engine import FENCES, LOOPS
+
+    assert (FENCE_CHOICES, LOOP_CHOICES) == (FENCES, LOOPS)  # the parser's are the engine's
+
+
 # -- limits the engine cannot run past are one line and exit 2 ----------------------------
 
 
@@ -120,6 +152,25 @@ def test_num_draft_past_what_the_engine_can_capture_names_the_limit() -> None:
     from warcore.engine import SchedulerConfig
 
     assert EngineConfig(scheduler=SchedulerConfig(max_running=8)).max_num_draft == 63
+
+
+@pytest.mark.parametrize("slots", ["2", "8"])
+def test_a_small_kv_pool_is_refused_only_for_what_the_options_need(
+    slots: str, clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--num-slots 2..8 --algorithm none`` was refused blaming ``num_draft 4``, which the user
+    never passed and which no speculation uses: without speculation a small pool runs (each
+    request that does not fit says so); with it, the line names num_slots and what it needs."""
+    from warcore import cli
+
+    run = ["run", "--device", "sim", "--num-slots", slots, "--requests", "2", "--no-verify"]
+    assert cli.main([*run, "--algorithm", "none"]) == 1  # the requests that do not fit failed
+    plain = capsys.readouterr()
+    assert "num_draft" not in plain.err and "per request" in plain.out, plain
+    assert cli.main([*run, "--algorithm", "dflash"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"num_slots {slots}" in line and "num_slots >= 10" in line, line
+    assert "num_draft 4" in line and "algorithm 'dflash'" in line, line
 
 
 @pytest.mark.slow
@@ -175,6 +226,36 @@ def test_engine_config_timings_must_be_finite(name: str, value: float) -> None:
         EngineConfig(**{name: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [
+        ("staging_guard", 0, "a bool"),  # it silently turned the guard off
+        ("use_graphs", 1, "a bool"),
+        ("prefill_staging", "yes", "a bool"),
+        ("hicache_deferred_free", None, "a bool"),
+        ("num_draft", 2.0, "an int"),
+        ("max_prompt", True, "an int"),
+        ("event_ring_depth", False, "an int or None"),
+        ("schedule_work_s", "0", "a number"),
+        ("backend", 3, "a str"),
+        ("model", {}, "a ModelConfig"),
+        ("flags", [("hicache", True)], "a tuple"),
+    ],
+)
+def test_every_engine_config_field_is_type_checked(name: str, value: object, kind: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name} must be {kind}, got ") as info:
+        EngineConfig(**{name: value})  # type: ignore[arg-type]
+    assert repr(value) in str(info.value)
+
+
+def test_no_engine_config_field_takes_just_anything() -> None:
+    import dataclasses
+
+    for field in dataclasses.fields(EngineConfig):
+        with pytest.raises(ValueError, match=field.name):
+            EngineConfig(**{field.name: object()})  # type: ignore[arg-type]
+
+
 def test_soak_needs_at_least_one_request_per_segment() -> None:
     result = _warcore("soak", "--requests", "0", "--steps", "10")
     assert "--requests" in _one_line(result) and "at least 1" in result.stderr
@@ -221,6 +302,9 @@ def _bad_paths(tmp_path: Path) -> dict[str, str]:
     return {
         "a directory": str(tmp_path),
         "under a file": str(a_file / "out.json"),
+        # Root passes os.access() here, then cannot create the file: found by trying (issue 27).
+        "in /proc": "/proc/warcore-out.json",
+        "a new folder in /proc": "/proc/warcore-new/out.json",
     }
 
 
@@ -254,6 +338,47 @@ def test_an_unwritable_output_path_fails_before_measuring(
         assert code == 2, (what, err)
         assert path in err and len(err.strip().splitlines()) == 1, (what, err)
     assert no_measuring == []
+
+
+def test_an_output_that_fails_while_written_is_one_line_naming_it(
+    clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``/dev/full`` can be opened, so no check before the run can refuse it: the write fails
+    with one line naming the path (it was an OSError traceback)."""
+    from warcore import cli
+
+    code = cli.main(["bench", "lookup", "--number", "1", "--repeat", "1", "--json", "/dev/full"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    [line] = err.strip().splitlines()
+    assert "--json /dev/full" in line and "No space left on device" in line, line
+
+
+def test_trace_creates_missing_folders(
+    clean_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As docs/cli.md says (it was refused: "folder ... does not exist")."""
+    import json
+
+    from warcore import cli
+
+    trace = tmp_path / "new" / "deeper" / "run.json"
+    argv = ["run", "--requests", "1", "--device", "sim", "--no-verify", "--trace", str(trace)]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
+    assert sorted(p.name for p in trace.parent.iterdir()) == ["run.json"]  # no temporary left
+
+
+def test_the_writability_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    """It tries for real (create, then remove), and removes the folders it made to try."""
+    from warcore.cli._common import check_writable
+
+    kept = tmp_path / "kept.json"
+    kept.write_text("before")
+    check_writable("--json", kept)
+    check_writable("--json", tmp_path / "a" / "b" / "out.json", make_parents=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+    assert kept.read_text() == "before"
 
 
 # -- the Python API: only the bad request fails --------------------------------------------

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from _support import ROOT, fresh_manager
@@ -31,7 +33,13 @@ class OffloadPlugin:
     def warcore_engine_flags(self) -> list[FlagSpec]:
         return [
             FlagSpec("wctest_my_offload", bool, False, "my KV offloader is on"),
-            FlagSpec("wctest_my_offload_chunks", int, 4, "chunks my offloader keeps on the host"),
+            FlagSpec(
+                "wctest_my_offload_chunks",
+                int,
+                4,
+                "chunks my offloader keeps on the host",
+                bounds=(1, 64),
+            ),
         ]
 
 
@@ -116,6 +124,48 @@ def test_flag_values_are_parsed_by_the_flags_kind(
     assert type(next(iter(flags.values()))) is type(value)
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("1_000", "plain decimal digits"),
+        (" 5", "plain decimal digits"),
+        ("5 ", "plain decimal digits"),
+        ("\u0663", "plain decimal digits"),  # ARABIC-INDIC DIGIT THREE: int() takes it
+        ("+5", "plain decimal digits"),
+        ("0x10", "plain decimal digits"),
+        ("65", "from 1 to 64"),
+        ("0", "from 1 to 64"),
+        ("9" * 5000, "from 1 to 64"),  # past int()'s digit limit: still the range's line
+    ],
+)
+def test_an_int_flag_takes_plain_decimal_digits_within_its_declared_range(
+    value: str,
+    says: str,
+    clean_env: None,
+    register_for_test: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    register_for_test(OffloadPlugin())
+    assert cli.main(["matrix", "--json", "--flag", f"wctest_my_offload_chunks={value}"]) == 2
+    line = _one_error_line(capsys)
+    assert "wctest_my_offload_chunks" in line and says in line, line
+    assert cli.main(["matrix", "--json", "--flag", "wctest_my_offload_chunks=64"]) == 0
+    assert json.loads(capsys.readouterr().out)["flags"] == {"wctest_my_offload_chunks": 64}
+
+
+def test_an_int_flags_range_is_declared_and_checked_in_the_api() -> None:
+    chunks = FlagSpec("wctest_chunks", int, 4, "chunks", bounds=(1, 64))
+    assert chunks.bounds == (1, 64)
+    assert FlagSpec("wctest_n", int, 4, "n").bounds == (0, 2**31 - 1)  # the default range
+    with pytest.raises(ValueError, match="'wctest_n'.*default 100.*1 to 64"):
+        FlagSpec("wctest_n", int, 100, "n", bounds=(1, 64))
+    with pytest.raises(ValueError, match="'wctest_b'.*bounds.*int flag"):
+        FlagSpec("wctest_b", bool, False, "b", bounds=(0, 1))
+    pm = fresh_manager(OffloadPlugin())
+    with pytest.raises(ValueError, match="'wctest_my_offload_chunks'.*from 1 to 64, got 10000"):
+        Engine(EngineConfig(flags=(("wctest_my_offload_chunks", 10_000),)), device="sim", pm=pm)
+
+
 def test_a_str_flag_without_a_value_is_an_error(
     clean_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -133,7 +183,7 @@ def test_the_registry_holds_the_core_flags_and_the_plugins_own() -> None:
         **CORE_FLAGS,
         "wctest_my_offload": FlagSpec("wctest_my_offload", bool, False, "my KV offloader is on"),
         "wctest_my_offload_chunks": FlagSpec(
-            "wctest_my_offload_chunks", int, 4, "chunks my offloader keeps on the host"
+            "wctest_my_offload_chunks", int, 4, "chunks my offloader keeps on the host", (1, 64)
         ),
     }
     assert registry.flags["hicache"].plugin == "warcore"
@@ -215,6 +265,32 @@ def test_the_engine_accepts_a_plugins_own_flags() -> None:
     # Without the plugin, its flag is unknown.
     with pytest.raises(ValueError, match="unknown engine flag 'wctest_my_offload'"):
         Engine(EngineConfig(flags=(("wctest_my_offload", True),)), device="sim", pm=fresh_manager())
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ({"hicahce": True}, "unknown engine flag 'hicahce' (did you mean 'hicache'?)"),
+        ({"hicache": "false"}, "engine flag 'hicache' is a bool flag; got 'false'"),
+        ({"hicache": 1}, "engine flag 'hicache' is a bool flag; got 1"),
+        ({"hybrid_decode_backend": "nope"}, "flag hybrid_decode_backend='nope': unknown backend"),
+        ({"layer_hybrid_backends": "layer_hybrid"}, "cannot be its own child"),
+    ],
+)
+def test_the_matrix_api_checks_flags_as_the_command_line_does(
+    flags: dict[str, object], says: str
+) -> None:
+    """A misspelt ``hicahce`` once gave a cell recorded at pre_replay (where ``hicache`` vetoes
+    the fast path) and ``'false'`` read as on: the API refuses what ``--flag`` refuses."""
+    from warcore.audit.matrix import build_matrix, model_differences
+
+    pm = fresh_manager()
+    with pytest.raises(ValueError) as info:
+        build_matrix(pm, flags, backends=["torch_native"])  # type: ignore[arg-type]
+    assert says in str(info.value)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        model_differences(pm, flags)  # type: ignore[arg-type]
+    assert build_matrix(pm, {"hicache": False}, backends=["torch_native"])  # a right one runs
 
 
 # -- the documentation ---------------------------------------------------------------------

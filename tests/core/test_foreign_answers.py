@@ -121,3 +121,20 @@ def test_an_algorithms_own_hook_still_answers_for_itself() -> None:
     pm = make_plugin_manager(Intruder({}, None))
     owner = resolve_step_event_owner("eagle", StepFacts(), pm=pm)
     assert (owner.owner, owner.source) == ("draft", "plugin:warcore")
+
+
+def test_step_problems_names_a_third_party_contradicting_the_step() -> None:
+    """``check``'s step audit (issue 14) reported only the defining plugin's own hooks; a third
+    party's contradicting answer (a conflict, so the coarse fence) is reported too, naming it."""
+    from warcore.audit.steps import step_problems
+
+    pm = _manager(Intruder({M.TARGET_VERIFY: True}, "target"))
+    problems = step_problems(pm)
+    [publish] = [p for p in problems if "warcore_is_war_publish_phase" in p]
+    assert f"algorithm {ALGORITHM!r}" in publish and "says TARGET_VERIFY is not" in publish
+    assert f"answers True (plugin:{INTRUDER})" in publish and "a conflict" in publish, publish
+    [owner] = [p for p in problems if "warcore_step_event_owner" in p]
+    assert f"answers 'target' (plugin:{INTRUDER})" in owner and "a conflict" in owner, owner
+    assert len(problems) == 2, problems
+    # Agreeing with the step, nothing to report.
+    assert step_problems(_manager(Intruder({M.DRAFT_EXTEND_V2: True}, "draft"))) == []

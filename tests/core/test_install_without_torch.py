@@ -2,31 +2,61 @@
 commands work, torch is not installed, and a command that runs a forward says what to install.
 
 Builds and installs from a copy of the source (so the checkout gets no build/ or egg-info),
-with pip's configured indexes; about 25 s on an idle development machine.
+with pip's configured indexes; about 25 s on an idle development machine. Every process of the
+fresh environment runs with a clean environment: a ``PYTHONPATH`` or ``WARCORE_*`` of the
+caller's would let it see (or select) plugins that are not installed in it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _support.fake_dists import DECLARES, FakeDists
 
 ROOT = Path(__file__).parents[2]
 
 pytestmark = pytest.mark.slow
 
 
+_KEPT = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
+def _clean_environment() -> dict[str, str]:
+    """What a fresh environment's processes see of ours: where programs and home are, the
+    locale, and pip's configuration (its indexes, ``PIP_*``), nothing that adds packages or
+    plugins (``PYTHONPATH``, ``PYTHONHOME``, ``VIRTUAL_ENV``) or selects them (``WARCORE_*``)."""
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name in _KEPT or name.startswith("PIP_") or name.lower().endswith("_proxy")
+    }
+
+
 def _run(*args: str | Path, timeout: int = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=_clean_environment(),
     )
 
 
-def test_pip_install_without_torch_gives_the_declaration_commands(tmp_path: Path) -> None:
+def test_pip_install_without_torch_gives_the_declaration_commands(
+    tmp_path: Path, fake: FakeDists, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plugin on the caller's PYTHONPATH (a developer's, a CI job's) must not reach the fresh
+    # environment: its listing would hold two plugins ("too many values to unpack").
+    fake.add("wctest_stray", DECLARES.format(boundary="POST_REPLAY"))
+    monkeypatch.setenv("PYTHONPATH", str(fake.root))
+    monkeypatch.setenv("WARCORE_PLUGINS", "wctest_stray")
     source = tmp_path / "src"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):

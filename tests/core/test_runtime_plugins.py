@@ -213,9 +213,35 @@ def test_a_hook_that_registers_a_plugin_each_time_it_is_asked_is_blamed_and_coar
     # Stored until the plugin set changes: the next replay's lookup asks nobody.
     spawned = spawner.spawned
     assert cache[KEY] is decision and spawner.spawned == spawned
-    # The helpers it registered are listed, registered by it.
-    helpers = {i.registered_by for i in pm.plugin_infos if i.name.startswith("wctest_helper_")}
-    assert helpers == {"plugin:wctest_spawner"}
+    # The helpers it registered while it looped are unregistered (and no longer listed); it
+    # stays registered, blamed.
+    names = [name for name, _ in pm.list_name_plugin()]
+    assert [n for n in names if n.startswith("wctest_helper_")] == [], names
+    assert "wctest_spawner" in names
+    assert not [i for i in pm.plugin_infos if i.name.startswith("wctest_helper_")]
+
+
+def test_each_blame_unregisters_the_helpers_the_hook_registered() -> None:
+    """Issue 27: a looping hook had registered ~1,850 helper plugins by the end of a matrix,
+    left registered after each blame. Now each blame unregisters them; a plugin registered by
+    someone else stays."""
+    from warcore.core import get_registry
+
+    pm = make_plugin_manager()
+    pm.register(Helper(), name="wctest_helper_other")
+    spawner = BoundarySpawner(pm)
+    pm.register(spawner, name="wctest_spawner")
+    cache = get_decision_cache(pm)
+    for backend in sorted(get_registry(pm).backends):
+        for mode, kind in (
+            (ForwardMode.DECODE, RunnerKind.DECODE),
+            (ForwardMode.EXTEND, RunnerKind.PREFILL),
+        ):
+            key: DecisionKey = (kind, backend, mode, BoundaryContext(), Execution.GRAPH_PLANTED)
+            assert _within(10, lambda: cache[key]).source == "default:failed:wctest_spawner"  # noqa: B023
+            left = [n for n, _ in pm.list_name_plugin() if n.startswith("wctest_helper")]
+            assert left == ["wctest_helper_other"], (key, left)
+    assert spawner.spawned > 20  # it really looped, key after key
 
 
 def test_an_event_owner_hook_that_registers_a_plugin_each_time_means_no_owner() -> None:

@@ -335,6 +335,77 @@ def test_backend_spec_host_reads_are_validated() -> None:
         BackendSpec("wctest_bad", HostGatherBackend, host_reads={"DECODE": "LATER"})
 
 
+class NamedHostGather(HostGatherBackend):
+    """The host reads in the spec's own spelling (mode and boundary names)."""
+
+    host_reads = {"EXTEND": "POST_REPLAY", "DECODE": "post_replay"}
+
+
+class MixedHostGather(HostGatherBackend):
+    """Enum modes, boundary names: a run once crashed mid-way comparing a str with a boundary."""
+
+    host_reads = {ForwardMode.EXTEND: "POST_REPLAY", ForwardMode.DECODE: POST}
+
+
+@pytest.mark.parametrize("backend", [NamedHostGather, MixedHostGather])
+def test_a_class_declaring_host_reads_by_name_protects_the_slot(
+    backend: type[TorchNativeBackend],
+) -> None:
+    """Names are read as the spec field's are, never dropped: the slot waits for the done
+    event (before, ``NamedHostGather``'s declaration was ignored and the slot was released at
+    pre_replay, which the host sanitizer reported)."""
+    pm = _host_gather_pm(backend)
+    assert _matrix_host(pm)["DECODE"] == _matrix_host(pm)["EXTEND"] == ("POST_REPLAY", "none")
+    config = EngineConfig(backend="wctest_host_gather", model=TINY_MODEL)
+    report = sanitize_host_buffers(config, SMALL_TRACE, pm=pm)
+    assert report.sound, report.format()
+    with Engine(config, pm=pm) as engine:
+        assert engine.runner.host_reads == {ForwardMode.EXTEND: POST, ForwardMode.DECODE: POST}
+
+
+class BadHostGather(HostGatherBackend):
+    host_reads = {ForwardMode.DECODE: "LATER"}
+
+
+class NotAMapping(HostGatherBackend):
+    host_reads = "POST_REPLAY"  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(("backend", "says"), [(BadHostGather, "'LATER'"), (NotAMapping, "POST")])
+def test_a_class_with_bad_host_reads_is_refused_when_offered_and_check_names_it(
+    backend: type[TorchNativeBackend], says: str
+) -> None:
+    from warcore.audit.matrix import find_problems
+
+    with pytest.raises(ValueError, match=rf"'wctest_host_gather'.*{backend.__name__}.host_reads"):
+        BackendSpec("wctest_host_gather", backend)
+    pm = _host_gather_pm(backend)
+    [problem] = [p for p in find_problems(pm) if "wctest_host_gather" in p]
+    assert f"{backend.__name__}.host_reads" in problem and says in problem, problem
+    with pytest.raises(KeyError, match="unknown backend 'wctest_host_gather'"):
+        Engine(EngineConfig(backend="wctest_host_gather", model=TINY_MODEL), pm=pm)
+
+
+def test_an_instance_with_bad_host_reads_is_refused_when_the_engine_is_built() -> None:
+    """A factory that is not the class itself: its backend's ``host_reads`` are read when it
+    is built, by the same rule, before anything runs."""
+
+    class Instance(HostGatherBackend):
+        host_reads = {"DECODE": "LATER"}
+
+    def factory(**kwargs: Any) -> TorchNativeBackend:
+        return Instance(**kwargs)
+
+    class Offers:
+        @hookimpl
+        def warcore_attention_backends(self) -> list[BackendSpec]:
+            return [BackendSpec("wctest_host_gather", factory)]
+
+    pm = make_plugin_manager(Offers(), builtins="algorithms")
+    with pytest.raises(ValueError, match=r"'wctest_host_gather'.*host_reads.*'LATER'"):
+        Engine(EngineConfig(backend="wctest_host_gather", model=TINY_MODEL), pm=pm)
+
+
 def test_staging_options_are_validated_naming_the_value() -> None:
     with pytest.raises(ValueError, match="unknown staging 'pinned'.*ring, fresh"):
         EngineConfig(staging="pinned")  # type: ignore[arg-type]

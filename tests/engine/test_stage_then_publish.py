@@ -212,6 +212,30 @@ def test_a_stager_that_fails_counts_as_not_staged_and_is_recorded(
     assert report.matches_serial is True
 
 
+def _factory_raises(worker: Any) -> Callable[[Any], bool]:
+    raise RuntimeError("no staging area")
+
+
+def test_a_stager_factory_that_raises_is_a_plugin_failure_exit_1(
+    clean_env: None, register_for_test: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line naming the algorithm and its plugin, and exit 1 as a drafter factory's failure
+    is: the plugin failed, not the command line (it was exit 2, "bad arguments")."""
+    from warcore import cli
+    from warcore.engine import AlgorithmFactoryError
+
+    name = "wctest_eagle_factory_raises"
+    pm = fresh_manager(EagleWithStager(name, _factory_raises))
+    with pytest.raises(AlgorithmFactoryError, match="prefill_shared_read_stager factory raised"):
+        Engine(EngineConfig(algorithm=name, **SMALL), device="sim", pm=pm)
+    register_for_test(EagleWithStager(name, _factory_raises))
+    argv = ["run", "--algorithm", name, "--requests", "1", "--device", "sim", "--no-verify"]
+    assert cli.main(argv) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"algorithm {name!r} (plugin 'EagleWithStager')" in line
+    assert "RuntimeError: no staging area" in line
+
+
 @pytest.mark.plugins("dflash")
 def test_dflash_never_calls_a_stager() -> None:
     """A step whose prefill is its own last reader needs no staging: its stager is never

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from warcore.core import SharedReadBoundary
+from warcore.core import HostReads, SharedReadBoundary, parse_host_reads
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -63,17 +63,26 @@ class AttentionBackend(ABC):
 
     name: ClassVar[str]
 
-    host_reads: ClassVar[Mapping[ForwardMode, SharedReadBoundary]] = {}
+    host_reads: ClassVar[Mapping[ForwardMode | str, SharedReadBoundary | str]] = {}
     """Until when this backend's kernels read the forward's staged host buffers
     (``batch.staged``, beyond ``load_batch``'s own copies), per mode: a kernel that reads a
     pinned host buffer when it executes (TensorRT-LLM's ``cp.async`` gather) says so here, and
     the runner keeps the slot until then. A mode not listed reads no host buffer; ``UNKNOWN``
-    keeps the slot until the forward is done."""
+    keeps the slot until the forward is done. Members or their names, as
+    :attr:`~warcore.BackendSpec.host_reads` takes them (``{"DECODE": "POST_REPLAY"}``), read
+    by :meth:`host_read_items`; a bad one is refused when the class is offered as a spec's
+    factory, and when the engine builds the backend."""
 
     def __init__(self, pool: KVPool) -> None:
         """``pool``: the runner's :class:`~warcore.batch.KVPool` (kept as
         ``self.pool``): the scheduler-shared tables and this model's K/V."""
         self.pool = pool
+
+    def host_read_items(self) -> HostReads:
+        """:attr:`host_reads`, validated (:class:`ValueError` naming the backend and its
+        class otherwise), as sorted ``(mode, boundary)`` pairs."""
+        owner = f"backend {self.name!r}: {type(self).__name__}.host_reads"
+        return parse_host_reads(self.host_reads, owner)
 
     def children(self) -> tuple[AttentionBackend, ...]:
         """Backends this one wraps (all of them, whatever the mode)."""

@@ -26,6 +26,7 @@ from warcore.core import (
     FlagValue,
     ForwardMode,
     SharedReadBoundary,
+    WarcorePluginManager,
     get_plugin_manager,
     get_registry,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "HybridBackend",
     "LayerHybridBackend",
     "check_child_flags",
+    "check_engine_flags",
     "hybrid_children",
     "layer_hybrid_children",
 ]
@@ -84,9 +86,10 @@ def _named(flag: str, value: object) -> tuple[str, ...]:
 
 
 def check_child_flags(flags: Mapping[str, FlagValue], backend: Callable[[str], object]) -> None:
-    """The core wrappers' children as ``flags`` name them (the defaults for the flags not
-    given): each a usable backend (``backend(name)``, ``Registry.backend``, raises for one
-    that is not), and no wrapper among its own children, directly
+    """The children of the core wrappers ``backend`` offers, as ``flags`` name them (the
+    defaults for the flags not given): each a usable backend (``backend(name)``,
+    ``Registry.backend``, raises for one that is not), and no wrapper among its own children,
+    directly
     (``layer_hybrid_backends=layer_hybrid``) or through the other wrapper
     (``hybrid_decode_backend=layer_hybrid`` with ``layer_hybrid_backends=hybrid``). Raises
     :class:`ValueError` naming the flag (and the path back to the wrapper). Called by the
@@ -109,6 +112,8 @@ def check_child_flags(flags: Mapping[str, FlagValue], backend: Callable[[str], o
         return out
 
     for wrapper in CHILD_FLAGS:
+        if not _offered(backend, wrapper):
+            continue  # a manager without the core's backends: no wrapper reads these flags
         paths: list[tuple[str, str, tuple[str, ...]]] = [(wrapper, wrapper, (wrapper,))]
         while paths:
             at, text, seen = paths.pop()
@@ -118,6 +123,28 @@ def check_child_flags(flags: Mapping[str, FlagValue], backend: Callable[[str], o
                     raise ValueError(f"backend {wrapper!r} cannot be its own child: {step}")
                 if child in CHILD_FLAGS and child not in seen:
                     paths.append((child, step, (*seen, child)))
+
+
+def _offered(backend: Callable[[str], object], name: str) -> bool:
+    try:
+        backend(name)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+def check_engine_flags(
+    flags: Mapping[str, object], pm: WarcorePluginManager
+) -> dict[str, FlagValue]:
+    """``flags`` checked as ``--flag`` checks them, for the Python API's entry points
+    (``build_matrix``, ``model_differences``) and the command line alike: each declared and of
+    its flag's kind (``Registry.check_flags``), and the wrappers' children usable
+    (:func:`check_child_flags`), against ``pm``'s registry. Raises :class:`ValueError` naming
+    the flag."""
+    registry = get_registry(pm)
+    checked = registry.check_flags(dict(flags))
+    check_child_flags(checked, registry.backend)
+    return checked
 
 
 def _build(

@@ -6,12 +6,12 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from warcore.attention.composite import check_engine_flags
 from warcore.audit.steps import step_problems
 from warcore.core import (
     CONTRACT_MODES,
     ENV_PLUGINS,
     AlgorithmSpec,
-    BackendSpec,
     BoundaryContext,
     BoundaryResolution,
     DecisionCache,
@@ -30,7 +30,6 @@ from warcore.core import (
     get_decision_cache,
     get_registry,
     host_release_point,
-    latest,
     resolve_fast_path_veto,
     resolve_shared_read_boundary,
     resolve_war_publish_phase,
@@ -151,12 +150,14 @@ def build_matrix(
     facts the event owner is resolved for (default: a rank with a draft model, nothing
     staged). ``backends``, ``modes`` and ``algorithms`` keep only the cells whose backend,
     mode and algorithm are among them (``None``: every one); the other cells are not
-    resolved."""
+    resolved. ``flags`` are checked as ``--flag`` checks them (:class:`ValueError` naming a
+    flag that is undeclared, of the wrong kind, or names no usable child backend)."""
+    checked = check_engine_flags(flags or {}, pm)  # a typo would read as the default
     registry = get_registry(pm)
     cache = get_decision_cache(pm)
     facts = facts if facts is not None else StepFacts()
     return [
-        _row(pm, cache, backend, mode, BoundaryContext(algorithm, flags or {}), facts)
+        _row(pm, cache, backend, mode, BoundaryContext(algorithm, checked), facts)
         for backend in sorted(registry.backends)
         if backends is None or backend in backends
         for mode in ForwardMode
@@ -165,18 +166,6 @@ def build_matrix(
         if algorithms is None or algorithm in algorithms
         if _same_engine(registry.backends[backend].spec.engine, registry.algorithms[algorithm].spec)
     ]
-
-
-def _host_reads(spec: BackendSpec, mode: ForwardMode) -> SharedReadBoundary | None:
-    """What the engine merges for a runner (``Engine._host_reads``): the spec's declaration
-    and, where the factory is the backend class itself, the class's ``host_reads``."""
-    reads = [b for b in (spec.host_read_until(mode),) if b is not None]
-    factory = spec.factory
-    if isinstance(factory, type):
-        declared = getattr(factory, "host_reads", {})
-        if isinstance(declared, Mapping) and isinstance(declared.get(mode), SharedReadBoundary):
-            reads.append(declared[mode])
-    return latest(reads) if reads else None
 
 
 def _same_engine(engine: str, algorithm: AlgorithmSpec) -> bool:
@@ -193,7 +182,8 @@ def _row(
 ) -> MatrixRow:
     runner = RUNNER_OF_MODE.get(mode)
     owner = cache.event_owner(context.algorithm, facts)
-    host_reads = _host_reads(get_registry(pm).backend(backend), mode)
+    # The spec's and, where its factory is the backend class, the class's (merged by the spec).
+    host_reads = get_registry(pm).backend(backend).host_read_until(mode)
     staging = prefill_staging(get_registry(pm).algorithm(context.algorithm))
     if runner is None:
         # Still resolve the answers: the declaration is worth showing, and `check` must see a
@@ -348,7 +338,9 @@ def model_differences(
     backend declares a different boundary than that backend (captured graph; eager prefill).
 
     Algorithms are paired by name (``none`` with ``none``) and by ``AlgorithmSpec.models``
-    (``eagle`` with ``sglang_eagle``), each side only where its engine runs it."""
+    (``eagle`` with ``sglang_eagle``), each side only where its engine runs it. ``flags`` are
+    checked as in :func:`build_matrix`."""
+    checked = check_engine_flags(flags or {}, pm)
     registry = get_registry(pm)
     out: list[ModelDifference] = []
     for name, offer in sorted(registry.backends.items()):
@@ -368,10 +360,10 @@ def model_differences(
         for mode in ForwardMode:
             for alg, partner in pairs:
                 ours = resolve_shared_read_boundary(
-                    name, mode, BoundaryContext(alg, flags or {}), pm=pm
+                    name, mode, BoundaryContext(alg, checked), pm=pm
                 )
                 theirs = resolve_shared_read_boundary(
-                    modelled, mode, BoundaryContext(partner, flags or {}), pm=pm
+                    modelled, mode, BoundaryContext(partner, checked), pm=pm
                 )
                 if ours.boundary is not theirs.boundary:
                     out.append(ModelDifference(name, modelled, mode, alg, partner, ours, theirs))

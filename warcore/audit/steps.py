@@ -5,14 +5,18 @@ An algorithm's :class:`~warcore.StepSpec` says which forward is its step's last 
 ``warcore_is_war_publish_phase`` and ``warcore_step_event_owner`` stay the authority where a
 plugin answers them. A hook that contradicts the step is almost always a stale or mistaken
 declaration (the runner publishes where the hook says, not where the step's forwards end), so
-``check`` reports it.
+``check`` reports it: the defining plugin's own answer (which the runner follows) and a third
+party's (a conflict with the step, resolved to the coarse fence) alike, naming who answered.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from warcore.core import (
     PUBLISHING_MODES,
     StepFacts,
+    StepSpec,
     WarcorePluginManager,
     get_registry,
     resolve_step_event_owner,
@@ -25,7 +29,8 @@ __all__ = ["step_problems"]
 
 def step_problems(pm: WarcorePluginManager) -> list[str]:
     """One line per algorithm the reference engine cannot run, and per hook answer that
-    disagrees with the algorithm's step."""
+    disagrees with the algorithm's step: its own plugin's (the runner follows it) or a third
+    party's (a conflict: the coarse fence), each naming the plugin that answered."""
     problems: list[str] = []
     for name, offer in sorted(get_registry(pm).algorithms.items()):
         spec, plugin = offer.spec, offer.plugin
@@ -38,25 +43,44 @@ def step_problems(pm: WarcorePluginManager) -> list[str]:
                 f"engine: {why}"
             )
         step = step_of(spec)
-        if step is None:
-            continue
-        shape = step.describe()
-        for mode in sorted(PUBLISHING_MODES, key=lambda m: m.name):
-            answer = resolve_war_publish_phase(name, mode, pm=pm)
-            says = mode in step.publish_modes
-            if answer.source.startswith("plugin:") and answer.publishes != says:
-                problems.append(
-                    f"algorithm {name!r}: its step ({shape}) says {mode.name} is "
-                    f"{'' if says else 'not '}its last shared reader, but "
-                    f"warcore_is_war_publish_phase answers {answer.publishes} "
-                    f"({answer.source}); the runner follows the hook"
-                )
-        facts = StepFacts(has_draft_model=step.has_draft_model)
-        owner = resolve_step_event_owner(name, facts, pm=pm)
-        if owner.source.startswith("plugin:") and owner.owner != step.owner:
-            problems.append(
-                f"algorithm {name!r}: its step ({shape}) ends its shared reads on the "
-                f"{step.owner} runner, but warcore_step_event_owner answers {owner.owner!r} "
-                f"({owner.source}); the barrier follows the hook"
-            )
+        if step is not None:
+            problems += _contradictions(pm, name, step)
     return problems
+
+
+def _contradictions(pm: WarcorePluginManager, name: str, step: StepSpec) -> list[str]:
+    """Every plugin answer about ``name`` that its ``step`` contradicts."""
+    shape, lines = step.describe(), []
+    for mode in sorted(PUBLISHING_MODES, key=lambda m: m.name):
+        answer = resolve_war_publish_phase(name, mode, pm=pm)
+        says = mode in step.publish_modes
+        for who, value in _plugin_answers(answer.answers, says):
+            lines.append(
+                f"algorithm {name!r}: its step ({shape}) says {mode.name} is "
+                f"{'' if says else 'not '}its last shared reader, but "
+                f"warcore_is_war_publish_phase answers {value} ({who}); "
+                + _outcome(answer.source, "the runner follows the hook", "nothing publishes")
+            )
+    facts = StepFacts(has_draft_model=step.has_draft_model)
+    owner = resolve_step_event_owner(name, facts, pm=pm)
+    for who, value in _plugin_answers(owner.answers, step.owner):
+        lines.append(
+            f"algorithm {name!r}: its step ({shape}) ends its shared reads on the "
+            f"{step.owner} runner, but warcore_step_event_owner answers {value!r} ({who}); "
+            + _outcome(owner.source, "the barrier follows the hook", "no owner")
+        )
+    return lines
+
+
+def _plugin_answers(
+    answers: Iterable[tuple[str, object]], says: object
+) -> list[tuple[str, object]]:
+    """(``plugin:<name>``, answer) of each plugin that answered other than the step says (the
+    step's own answer, ``step:<definer>``, stands beside them in a conflict)."""
+    return [(f"plugin:{p}", v) for p, v in answers if not p.startswith("step:") and v != says]
+
+
+def _outcome(source: str, followed: str, coarse: str) -> str:
+    if source.startswith("plugin:"):
+        return followed
+    return f"a conflict ({source}): {coarse}, the coarse fence"

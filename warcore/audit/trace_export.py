@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from warcore._files import write_text
 from warcore.core import ForwardMode, RecordPoint
 from warcore.device import WaitBinding
 from warcore.engine.observe import EngineObserver
@@ -392,9 +393,10 @@ def _bindings(body: _Body, recorder: TraceRecorder) -> None:
 def write_chrome_trace(
     recorder: TraceRecorder, path: str | Path, metadata: dict[str, Any] | None = None
 ) -> int:
-    """Write :func:`chrome_trace` to ``path``; returns the number of events."""
+    """Write :func:`chrome_trace` to ``path``, whole or not at all (missing folders are
+    created: :func:`warcore._files.write_text`); returns the number of events."""
     trace = chrome_trace(recorder, metadata)
-    Path(path).write_text(json.dumps(trace, separators=(",", ":")) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(trace, separators=(",", ":")) + "\n")
     return len(trace["traceEvents"])
 
 

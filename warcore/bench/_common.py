@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from warcore._files import write_text
+
 __all__ = [
     "RESULTS_DIR",
     "command_line",
@@ -97,11 +99,11 @@ def result_path(name: str, override: str | None) -> Path:
 def write_result(
     name: str, data: dict[str, Any], override: str | None, argv: Sequence[str] | None = None
 ) -> Path:
-    """Write ``data`` (with the command) as the JSON result ``name``; returns the path."""
+    """Write ``data`` (with the command) as the JSON result ``name``, whole or not at all
+    (:func:`warcore._files.write_text`); returns the path."""
     path = result_path(name, override)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "command": command_line(argv), **data}
-    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(payload, indent=2) + "\n")
     return path
 
 

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from warcore._files import replaced_on_success
+
 __all__ = ["load_sweep", "missing_matplotlib", "plot_sweep"]
 
 _STYLE: dict[str, dict[str, Any]] = {
@@ -64,9 +66,11 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> Path:
     )
     fig.tight_layout()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with replaced_on_success(out) as part:  # never a half-drawn PNG
+            fig.savefig(part, dpi=110)
+    finally:
+        plt.close(fig)
     return out
 
 

@@ -13,11 +13,13 @@ May import every other part of warcore; nothing in warcore imports it (``warcore
 and the ``warcore`` console script aside).
 
 Exit status: 0 ok, 1 problems found (``check``; a run or audit that found one), a plugin
-failed under strict mode, or an algorithm's drafter factory failed (``run``), 2 bad usage or a
-malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors too, through
-:class:`~warcore.cli._common.Parser`), or a command that runs a forward (``run``, ``sanitize``,
-``soak``, ``bench``) where torch is not installed (``pip install 'warcore[engine]'``), 141 the
-reader of stdout went away (quietly, like a Unix tool ended by SIGPIPE).
+failed under strict mode, or an algorithm's drafter or stager factory failed (``run``), 2 bad
+usage or a malformed ``WARCORE_*`` environment variable (one line on stderr: argparse's errors
+too, through :class:`~warcore.cli._common.Parser`), or a command that runs a forward (``run``,
+``sanitize``, ``soak``, ``bench``) where torch is not installed (``pip install
+'warcore[engine]'``) or an output file that cannot be written, 130 and 143 SIGINT or SIGTERM
+stopped the command (one line; output files are written whole or not at all), 141 the reader
+of stdout went away (quietly, like a Unix tool ended by SIGPIPE).
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from warcore._lazy import torch_missing
 from warcore.cli._common import PROG, Command, Parser, UsageError
@@ -78,6 +84,16 @@ what a shell reports for a Unix tool ended by SIGPIPE, so ``set -o pipefail`` se
 
 
 def main(argv: list[str] | None = None) -> int:
+    with _stopped_by_signals():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            return _stopped(signal.SIGINT)
+        except _Stopped as stop:
+            return _stopped(stop.signum)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = _build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # benchmarks record it
@@ -99,6 +115,44 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except BrokenPipeError:
         return _reader_gone()
+
+
+class _Stopped(BaseException):
+    """SIGTERM arrived: unwinds like ``KeyboardInterrupt``, so every ``finally`` runs (engines
+    close, temporary output files are removed) before :func:`main` says so."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM raises :class:`_Stopped` while a command runs (SIGINT already raises
+    ``KeyboardInterrupt``); the previous handler is restored after. Only the main thread may
+    set handlers: called from another thread (a test), nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(signum: int) -> int:
+    """One line, and the exit status a shell reports for a process ended by ``signum``
+    (130 for SIGINT, 143 for SIGTERM). Output files are written whole or not at all
+    (:mod:`warcore._files`), so nothing half-written is left."""
+    name = signal.Signals(signum).name
+    start = "\n" if sys.stderr.isatty() else ""  # after a progress bar's unfinished line
+    print(f"{start}{PROG}: {name}: stopped; no output file was left half-written", file=sys.stderr)
+    return 128 + signum
 
 
 def _reader_gone() -> int:

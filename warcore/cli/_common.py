@@ -8,11 +8,13 @@ import difflib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from warcore._files import probe_writable
 from warcore.core import (
     DuplicateNameError,
     FlagSpec,
@@ -20,8 +22,10 @@ from warcore.core import (
     LoaderConfig,
     UnknownNameError,
     WarcorePluginManager,
+    check_flags,
     get_plugin_manager,
     get_registry,
+    parse_decimal,
 )
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "plugin_manager",
     "print_json",
     "print_table",
+    "writing",
 ]
 
 PROG = "warcore"
@@ -167,10 +172,12 @@ def parse_flag_text(text: str, specs: Mapping[str, FlagSpec]) -> tuple[str, Flag
     if not sep:
         raise ValueError(f"--flag {text!r}: {name} is a {kind} flag and needs a value")
     if spec.kind is int:
-        try:
-            return name, int(raw)
-        except ValueError:
-            raise ValueError(f"--flag {text!r}: {name} is an int flag; got {raw!r}") from None
+        try:  # the range is the flag's own (FlagSpec.bounds), checked as the API checks it
+            value = parse_decimal(raw)
+            check_flags({name: value}, specs)
+        except ValueError as exc:
+            raise ValueError(f"--flag {text!r}: {name} is an int flag: {exc}") from None
+        return name, value
     return name, raw
 
 
@@ -190,14 +197,15 @@ def parse_flag(text: str, specs: Mapping[str, FlagSpec] | None = None) -> tuple[
 def parse_flags(texts: Sequence[str]) -> dict[str, FlagValue]:
     """Every ``--flag`` of a command (see :func:`parse_flag`); a flag given twice with two
     values is an error, and so are wrapper children that name no usable backend or make a
-    wrapper its own child (:func:`~warcore.attention.composite.check_child_flags`): the same
-    line from ``run``, ``sanitize`` and ``matrix``, before anything is built."""
+    wrapper its own child (:func:`~warcore.attention.composite.check_engine_flags`, which
+    ``build_matrix`` calls too): the same line from ``run``, ``sanitize`` and ``matrix``, before
+    anything is built."""
     if not texts:
         return {}
-    from warcore.attention.composite import check_child_flags  # no torch: a name check
+    from warcore.attention.composite import check_engine_flags  # no torch: a name check
 
-    registry = get_registry(plugin_manager())
-    specs = registry.flag_specs()
+    pm = plugin_manager()
+    specs = get_registry(pm).flag_specs()
     flags: dict[str, FlagValue] = {}
     for text in texts:
         name, value = parse_flag(text, specs)
@@ -205,10 +213,9 @@ def parse_flags(texts: Sequence[str]) -> dict[str, FlagValue]:
             raise UsageError(f"--flag {name} is given twice: {flags[name]!r} and {value!r}")
         flags[name] = value
     try:
-        check_child_flags(flags, registry.backend)
+        return check_engine_flags(flags, pm)  # what the Python API checks too
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return flags
 
 
 # -- argument types and checks made before anything is measured ---------------------------
@@ -231,7 +238,8 @@ class Limit:
         return self.kind.__name__
 
     def __call__(self, text: str) -> int | float:
-        value = self.kind(text)  # ValueError: argparse says "invalid int value"
+        # ValueError: argparse says "invalid int value"; an int is plain decimal digits only
+        value = parse_decimal(text) if self.kind is int else self.kind(text)
         if not math.isfinite(value) or not self.least <= value <= self.most:
             raise argparse.ArgumentTypeError(f"{self.describe()}, got {text!r}{self.why}")
         return value
@@ -290,15 +298,13 @@ def check_writable(
     option: str, path: str | os.PathLike[str], *, make_parents: bool = False
 ) -> None:
     """Fail now, naming ``option``, if a file cannot be written at ``path`` — before minutes
-    of measuring, not after. The file itself is not created (nor an existing one changed);
-    with ``make_parents`` missing folders are fine if they could be created (they are not)."""
+    of measuring, not after. Found by trying: a file is created beside it and removed
+    (``os.access`` says yes to root where ``/proc`` still refuses); ``path`` itself is not
+    changed. With ``make_parents`` missing folders are fine if they can be created (they are
+    created to try, and removed again)."""
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory; give a file name")
-    if target.exists():
-        if not os.access(target, os.W_OK):
-            raise UsageError(f"{option} {path}: not writable")
-        return
     parent = target.parent
     while make_parents and not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -306,5 +312,17 @@ def check_writable(
         raise UsageError(f"{option} {path}: folder {target.parent} does not exist")
     if not parent.is_dir():
         raise UsageError(f"{option} {path}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: folder {parent} is not writable")
+    try:
+        probe_writable(target, make_parents=make_parents)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot create a file there ({exc.strerror})") from None
+
+
+@contextmanager
+def writing(option: str, path: str | os.PathLike[str]) -> Iterator[None]:
+    """An output file that cannot be written (checked, or while written: ``/dev/full``) is one
+    line naming ``option`` and ``path`` (a :class:`UsageError`), not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None

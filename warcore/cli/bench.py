@@ -11,7 +11,9 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from warcore._files import write_text
 from warcore.bench import (
     command_line,
     lookup,
@@ -36,6 +38,7 @@ from warcore.cli._common import (
     check_offered,
     check_writable,
     plugin_manager,
+    writing,
 )
 
 __all__ = ["BENCH"]
@@ -49,6 +52,12 @@ def _argv(args: argparse.Namespace) -> list[str] | None:
 def _error(problem: str) -> int:
     print(f"warcore: error: {problem}", file=sys.stderr)
     return 2
+
+
+def _write(args: argparse.Namespace, name: str, result: dict[str, Any]) -> Path:
+    """The benchmark's JSON result, whole or not at all; a failed write is one line."""
+    with writing("--json", result_path(name, args.json)):
+        return write_result(name, result, args.json, _argv(args))
 
 
 def _check_outputs(args: argparse.Namespace, name: str) -> None:
@@ -80,10 +89,8 @@ def _run_lookup(args: argparse.Namespace) -> int:
     result = lookup.measure(number=args.number, repeat=args.repeat)
     print(lookup.table(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result.as_dict(), fh, indent=2)
-            fh.write("\n")
+        with writing("--json", args.json):
+            write_text(args.json, json.dumps(result.as_dict(), indent=2) + "\n")
     return 0
 
 
@@ -143,7 +150,7 @@ def _run_overlap(args: argparse.Namespace) -> int:
     _check_outputs(args, "overlap")
     result = overlap.measure_overlap(_settings(args))
     print(overlap.overlap_table(result))
-    print(f"wrote {write_result('overlap', result, args.json, _argv(args))}")
+    print(f"wrote {_write(args, 'overlap', result)}")
     return 0
 
 
@@ -178,11 +185,12 @@ def _run_sweep(args: argparse.Namespace) -> int:
     _check_outputs(args, "sweep")
     result = overlap.measure_sweep(_settings(args))
     print(overlap.sweep_table(result))
-    print(f"wrote {write_result('sweep', result, args.json, _argv(args))}")
+    print(f"wrote {_write(args, 'sweep', result)}")
     if args.plot:
         from warcore.bench import plot
 
-        print(f"wrote {plot.plot_sweep(result, args.plot)}")
+        with writing("--plot", args.plot):
+            print(f"wrote {plot.plot_sweep(result, args.plot)}")
     return 0
 
 
@@ -201,7 +209,7 @@ def _run_startup(args: argparse.Namespace) -> int:
     _check_outputs(args, "startup")
     result = startup.measure(args.repeat, args.plugins, quiet=quiet)
     print(startup.table(result))
-    print(f"wrote {write_result('startup', result, args.json, _argv(args))}")
+    print(f"wrote {_write(args, 'startup', result)}")
     return 0
 
 
@@ -219,7 +227,7 @@ def _run_sanitizer(args: argparse.Namespace) -> int:
     _check_outputs(args, "sanitizer")
     result = sanitizer.measure(requests=args.requests, repeat=args.repeat, seed=args.seed)
     print(sanitizer.table(result))
-    print(f"wrote {write_result('sanitizer', result, args.json, _argv(args))}")
+    print(f"wrote {_write(args, 'sanitizer', result)}")
     return 0
 
 
@@ -248,7 +256,8 @@ def _complete_lookup(path: Path, argv: list[str] | None) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     data = {"benchmark": "lookup", "command": command_line(argv), **data}
     data["machine"] = machine_info()
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    with writing("lookup result", path):
+        write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def _configure_all(parser: argparse.ArgumentParser) -> None:
@@ -354,7 +363,8 @@ def _run(args: argparse.Namespace) -> int:
             result = plot.load_sweep(args.sweep_json)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--plot: cannot read the sweep result: {exc}") from None
-        print(f"wrote {plot.plot_sweep(result, args.plot_saved)}")
+        with writing("--plot", args.plot_saved):
+            print(f"wrote {plot.plot_sweep(result, args.plot_saved)}")
         return 0
     if args.plot_saved:  # `warcore bench --plot FILE sweep|all` means the same as after it
         if not hasattr(args, "plot"):

@@ -19,6 +19,7 @@ from warcore.cli._common import (
     check_writable,
     parse_flags,
     plugin_manager,
+    writing,
 )
 
 if TYPE_CHECKING:
@@ -26,7 +27,22 @@ if TYPE_CHECKING:
     from warcore.core import FlagValue
     from warcore.engine import EngineConfig, RunReport
 
-__all__ = ["NUM_DRAFT", "NUM_SLOTS", "RUN", "format_report"]
+__all__ = [
+    "DTYPES",
+    "FENCE_CHOICES",
+    "LOOP_CHOICES",
+    "NUM_DRAFT",
+    "NUM_SLOTS",
+    "RUN",
+    "format_report",
+]
+
+FENCE_CHOICES = ("fine", "coarse", "none")
+"""``--fence``: ``warcore.engine.FENCES``, and ``--loop`` ``warcore.engine.LOOPS`` (a test ties
+them; the engine imports torch, and a typo is refused before torch is)."""
+LOOP_CHOICES = ("overlap", "serial")
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+"""``--dtype``: the ``torch`` dtypes of those names."""
 
 NUM_DRAFT = Limit(
     int,
@@ -46,8 +62,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="sim or cuda (default: cuda if present)")
     parser.add_argument("--backend", default="torch_native", help="attention backend name")
     parser.add_argument("--algorithm", default="none", help="speculative algorithm name")
-    parser.add_argument("--fence", default="fine", help="fine, coarse or none (unsafe)")
-    parser.add_argument("--loop", default="overlap", help="overlap or serial")
+    parser.add_argument(
+        "--fence", default="fine", choices=FENCE_CHOICES, help="fine, coarse or none (unsafe)"
+    )
+    parser.add_argument("--loop", default="overlap", choices=LOOP_CHOICES, help="overlap or serial")
     add_number(parser, "--requests", REQUESTS, 64, "requests in the trace")
     add_number(parser, "--seed", SEED, 0, "trace seed")
     parser.add_argument(
@@ -70,6 +88,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="float64",
+        choices=DTYPES,
         help="model dtype: float64 (default; keeps speculative decoding bit-exact), float32, "
         "float16, bfloat16 (flashinfer needs a 16-bit one)",
     )
@@ -131,7 +150,8 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         "--trace",
         metavar="FILE",
         help="write a Chrome/Perfetto trace of the run (host, forward and schedule streams, "
-        "read-done records, barriers) to FILE; open it at https://ui.perfetto.dev",
+        "read-done records, barriers) to FILE (missing folders are created); open it at "
+        "https://ui.perfetto.dev",
     )
     parser.add_argument(
         "--progress",
@@ -139,9 +159,6 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="progress bar on stderr (auto: when stderr is a terminal)",
     )
-
-
-_DTYPES = {name: name for name in ("float64", "float32", "float16", "bfloat16")}
 
 
 class _ProgressBar:
@@ -166,18 +183,18 @@ def _run(args: argparse.Namespace) -> int:
     # Everything that can be refused is refused before torch is imported (seconds) and
     # before anything is built: the names, the flags, the output path.
     if args.trace:
-        check_writable("--trace", args.trace)
+        check_writable("--trace", args.trace, make_parents=True)
     flags = parse_flags(args.flag)
     pm = plugin_manager()
     check_offered(pm, "backend", args.backend)
     check_offered(pm, "algorithm", args.algorithm)
     from warcore.core import DuplicateNameError, UnknownNameError
     from warcore.device import DeviceError
-    from warcore.engine import DrafterError
+    from warcore.engine import AlgorithmFactoryError
 
     try:
         return _serve(args, flags)
-    except DrafterError as exc:  # the plugin failed, not the command line: exit 1
+    except AlgorithmFactoryError as exc:  # the plugin failed, not the command line: exit 1
         print(f"warcore: error: {exc}", file=sys.stderr)
         return 1
     except (UnknownNameError, DuplicateNameError, ValueError, DeviceError) as exc:
@@ -195,11 +212,8 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         synthetic_trace,
     )
 
-    dtype = _DTYPES.get(args.dtype)
-    if dtype is None:
-        raise ValueError(f"unknown --dtype {args.dtype!r}; valid: {', '.join(_DTYPES)}")
     config = EngineConfig(
-        model=ModelConfig(dtype=getattr(torch, dtype)),
+        model=ModelConfig(dtype=getattr(torch, args.dtype)),  # one of DTYPES (argparse)
         backend=args.backend,
         algorithm=args.algorithm,
         fence=args.fence,
@@ -216,7 +230,7 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
     )
     trace = synthetic_trace(args.requests, seed=args.seed, prompts=args.prompts)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    recorder, trace_note = None, None
+    recorder = None
     if args.trace:
         from warcore.audit.trace_export import TraceRecorder
 
@@ -225,16 +239,15 @@ def _serve(args: argparse.Namespace, flags: dict[str, FlagValue]) -> int:
         report = engine.run(
             trace, progress=_ProgressBar(sys.stderr, "run", show), observer=recorder
         )
-        if recorder is not None:
-            trace_note = _write_trace(args.trace, recorder, report)
         if not args.no_verify:
             serial = Engine(_serial(config), device=args.device)
             with serial:
                 expected = serial.run(trace, progress=_ProgressBar(sys.stderr, "serial", show))
             compare_with_serial(report, expected)
-    print(format_report(report))
-    if trace_note is not None:
-        print(trace_note)
+    print(format_report(report))  # first: a trace that fails to write loses no report
+    if recorder is not None:
+        sys.stdout.flush()
+        print(_write_trace(args.trace, recorder, report))
     return 1 if report.matches_serial is False or report.errors or report.serial_errors else 0
 
 
@@ -251,10 +264,8 @@ def _write_trace(path: str, recorder: TraceRecorder, report: RunReport) -> str:
         "requests": report.requests,
         "tokens": report.tokens,
     }
-    try:
+    with writing("--trace", path):
         events = write_chrome_trace(recorder, path, meta)
-    except OSError as exc:
-        raise ValueError(f"--trace {path}: {exc.strerror or exc}") from None
     return f"  trace           {events} events in {path} (open it at https://ui.perfetto.dev)"
 
 

@@ -18,6 +18,7 @@ from ._decisions import (
     staged_prefill_point,
 )
 from ._diagnostics import PluginInfo, PluginValidationError
+from ._flags import check_flags, parse_decimal
 from ._hookspecs import hookimpl, hookspec
 from ._manager import (
     PluginLoadError,
@@ -41,13 +42,16 @@ from ._resolve import (
 from ._select import BUILTIN_PLUGIN_NAME
 from ._specs import (
     CORE_FLAGS,
+    INT_FLAG_BOUNDS,
     NCCL_ALLGATHER_IN_OVERLAP,
     AlgorithmSpec,
     BackendSpec,
     BoundaryContext,
     FlagSpec,
     FlagValue,
+    HostReads,
     StepFacts,
+    parse_host_reads,
     validate_name,
 )
 from ._steps import NUM_DRAFT, PUBLISHING_MODES, Phase, StepSpec
@@ -56,6 +60,7 @@ __all__ = [
     # the vocabulary
     "CONTRACT_MODES",
     "CORE_FLAGS",
+    "INT_FLAG_BOUNDS",
     "NCCL_ALLGATHER_IN_OVERLAP",
     "NUM_DRAFT",
     "PUBLISHING_MODES",
@@ -67,12 +72,16 @@ __all__ = [
     "FlagSpec",
     "FlagValue",
     "ForwardMode",
+    "HostReads",
     "Phase",
     "RecordPoint",
     "SharedReadBoundary",
     "StepFacts",
     "StepSpec",
+    "check_flags",
     "latest",
+    "parse_decimal",
+    "parse_host_reads",
     "validate_name",
     # the hooks, the manager and the registry
     "BUILTIN_PLUGIN_NAME",

@@ -213,7 +213,8 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
 
         Again a bounded number of times: a plugin whose hook registers another plugin each
         time it is asked would have this resolve for ever. Then the answer is ``coarse`` (the
-        coarse fence), blamed on that plugin, and stored until the plugin set changes."""
+        coarse fence), blamed on that plugin, the plugins it registered are unregistered, and
+        the answer is stored until the plugin set changes again."""
         pm = self.pm
         unsettled = 0
         for _ in range(MAX_RESOLUTIONS):
@@ -230,6 +231,8 @@ class DecisionCache(dict["int | DecisionKey", Decision]):
                 if unsettled >= UNSETTLED_RESOLUTIONS:
                     break
         failure = _blame(pm, where, unsettled)
+        if unsettled >= UNSETTLED_RESOLUTIONS and pm.unregister_registered_by(failure.plugin):
+            seen = pm.generation  # the set without its helpers: the coarse answer stands
         value = coarse(failure)
         with self._store_lock:
             if pm.generation == seen:  # nothing changed since: until something does

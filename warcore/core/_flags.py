@@ -9,11 +9,29 @@ default, and that can keep an earlier record point than the engine really allows
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 
 from ._specs import FlagSpec, FlagValue
 
-__all__ = ["check_flags"]
+__all__ = ["check_flags", "parse_decimal"]
+
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
+def parse_decimal(text: str) -> int:
+    """``text`` as an int if it is plain decimal digits (ASCII ``0-9``, an optional leading
+    ``-``), else :class:`ValueError`: ``int()`` also takes ``1_000``, surrounding spaces and
+    other scripts' digits, which on a command line are typos. Too many digits for ``int()``
+    read as a number too large for any limit, so the caller's range check says so."""
+    if not _DECIMAL.fullmatch(text):
+        raise ValueError(
+            f"expected plain decimal digits (0-9, an optional leading -), got {text!r}"
+        )
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts: past every range anyway
+        return -(10**30) if text.startswith("-") else 10**30
 
 
 def _unknown(name: str, specs: Mapping[str, FlagSpec]) -> str:
@@ -50,6 +68,9 @@ def check_flags(
                 f"engine flag {name!r} is a {_kind(spec)} flag; got {value!r} "
                 f"({type(value).__name__})"
             )
+        if spec.bounds is not None and not spec.bounds[0] <= value <= spec.bounds[1]:  # type: ignore[operator]
+            least, most = spec.bounds
+            raise ValueError(f"engine flag {name!r} must be from {least} to {most}, got {value!r}")
         if name in out and out[name] != value:
             raise ValueError(f"engine flag {name!r} is set twice: {out[name]!r} and {value!r}")
         out[name] = value  # type: ignore[assignment]

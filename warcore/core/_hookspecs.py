@@ -261,9 +261,11 @@ class WarcoreSpecs:
         engine allows. Return every flag your declarations, vetoes or backends read with
         ``context.flag(name)`` that is not a core flag: ``FlagSpec(name, kind, default,
         description)`` with ``kind`` ``bool``, ``int`` or ``str`` and ``default`` what an unset
-        flag means (read it with ``context.flag(name, default)``). Several plugins may declare
-        the same flag if they agree on its kind and default; a different meaning disables it
-        (and ``warcore check`` says so). You cannot redefine a core flag.
+        flag means (read it with ``context.flag(name, default)``); an ``int`` flag also takes
+        ``bounds=(least, most)``, the values it accepts (default ``warcore.core.INT_FLAG_BOUNDS``,
+        0 to 2**31 - 1), and on the command line plain decimal digits only. Several plugins may
+        declare the same flag if they agree on its kind, default and bounds; a different meaning
+        disables it (and ``warcore check`` says so). You cannot redefine a core flag.
 
         Example plugin (``my_offload.py``, with
         ``[project.entry-points.warcore] my_offload = "my_offload"`` in its

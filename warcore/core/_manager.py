@@ -121,6 +121,29 @@ class WarcorePluginManager(pluggy.PluginManager):
             self._changed()
             return result
 
+    def unregister_registered_by(self, plugin: str) -> list[str]:
+        """Unregister, as one change, every plugin ``plugin``'s code registered at run time
+        that is still registered, and drop them from the listing: the helpers of a plugin
+        blamed for changing the plugin set every time it is asked (they were never installed,
+        and only kept its decisions from settling). Returns their names."""
+        caller = f"plugin:{plugin}"
+        with self._change_lock:
+            helpers = [
+                i.name
+                for i in self.plugin_infos
+                if i.registered_by == caller and i.status == "active"
+            ]
+            helpers = [name for name in helpers if self.get_plugin(name) is not None]
+            for name in helpers:
+                super().unregister(name=name)
+            gone = set(helpers)
+            self.plugin_infos = [
+                i for i in self.plugin_infos if not (i.name in gone and i.registered_by == caller)
+            ]
+            if helpers:
+                self._changed()
+            return helpers
+
     def _unrecorded(self, change: Callable[[], object]) -> None:
         """Register or unregister a plugin the loader lists itself (no runtime info)."""
         with self._change_lock:

@@ -123,7 +123,7 @@ class Registry:
         for name, candidates in sorted(offered.items()):
             core = flags.get(name)
             everyone = ([core] if core is not None else []) + candidates
-            meanings = {(o.spec.kind, o.spec.default) for o in everyone}
+            meanings = {(o.spec.kind, o.spec.default, o.spec.bounds) for o in everyone}
             if len(meanings) == 1:
                 flags.setdefault(name, candidates[0])
                 continue

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, cast
 
-from ._boundary import SharedReadBoundary
+from ._boundary import SharedReadBoundary, latest
 from ._modes import CONTRACT_MODES, ForwardMode
 from ._steps import StepSpec
 
@@ -16,6 +16,7 @@ __all__ = [
     "CORE_FLAGS",
     "EVENT_OWNERS",
     "FlagSpec",
+    "INT_FLAG_BOUNDS",
     "AlgorithmSpec",
     "Backend",
     "BackendSpec",
@@ -23,6 +24,8 @@ __all__ = [
     "StepFacts",
     "FlagValue",
     "NCCL_ALLGATHER_IN_OVERLAP",
+    "HostReads",
+    "parse_host_reads",
     "validate_name",
 ]
 
@@ -48,12 +51,17 @@ class FlagSpec:
     ``kind`` is ``bool``, ``int`` or ``str``; ``default`` is what ``context.flag(name)`` means
     when the flag is not set. The core's flags are in :data:`CORE_FLAGS`; a plugin declares its
     own so that ``--flag`` can reject a typo (an ignored flag can keep an earlier record point).
+    An ``int`` flag takes values from ``bounds`` (least, most), by default
+    :data:`INT_FLAG_BOUNDS`; every value outside is refused, as a typo would be::
+
+        FlagSpec("my_offload_chunks", int, 4, "chunks kept on the host", bounds=(1, 64))
     """
 
     name: str
     kind: type
     default: FlagValue
     description: str
+    bounds: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         validate_name("flag", self.name)
@@ -61,6 +69,33 @@ class FlagSpec:
             raise TypeError(f"flag {self.name!r}: kind must be bool, int or str")
         if type(self.default) is not self.kind:
             raise TypeError(f"flag {self.name!r}: default {self.default!r} is not {self.kind}")
+        object.__setattr__(self, "bounds", self._bounds())
+
+    def _bounds(self) -> tuple[int, int] | None:
+        if self.kind is not int:
+            if self.bounds is not None:
+                raise ValueError(f"flag {self.name!r}: bounds are for an int flag only")
+            return None
+        given = INT_FLAG_BOUNDS if self.bounds is None else self.bounds
+        if (
+            not isinstance(given, tuple)
+            or len(given) != 2
+            or any(type(b) is not int for b in given)
+            or given[0] > given[1]
+        ):
+            raise ValueError(
+                f"flag {self.name!r}: bounds must be (least, most) ints, got {given!r}"
+            )
+        if not given[0] <= cast(int, self.default) <= given[1]:
+            raise ValueError(
+                f"flag {self.name!r}: default {self.default!r} is outside its bounds, "
+                f"{given[0]} to {given[1]}"
+            )
+        return given
+
+
+INT_FLAG_BOUNDS = (0, 2**31 - 1)
+"""The values an ``int`` flag takes when its :class:`FlagSpec` declares no ``bounds``."""
 
 
 EVENT_OWNERS = ("target", "draft")
@@ -82,6 +117,27 @@ def validate_name(kind: str, name: object) -> str:
             "starting with a letter (at most 64 characters)"
         )
     return name
+
+
+HostReads = tuple[tuple[ForwardMode, SharedReadBoundary], ...]
+"""Validated host reads: sorted ``(mode, boundary)`` pairs."""
+
+
+def parse_host_reads(given: object, owner: str) -> HostReads:
+    """``given`` (mode -> boundary, a mapping or pairs, each a member or its name in any case:
+    ``{"DECODE": "POST_REPLAY"}``) as sorted validated pairs: the one reading of every
+    ``host_reads`` (:attr:`BackendSpec.host_reads`, a backend class's). Anything else is a
+    :class:`ValueError` naming ``owner`` and the value; nothing is dropped."""
+    try:
+        if isinstance(given, str):
+            raise TypeError("a str, not a mapping")
+        items = given.items() if isinstance(given, Mapping) else cast(Iterable[Any], given)
+        pairs = {ForwardMode.parse(m): SharedReadBoundary.parse(b) for m, b in items}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{owner} must map forward modes to shared-read boundaries, got {given!r} ({exc})"
+        ) from None
+    return tuple(sorted(pairs.items(), key=lambda kv: kv[0].name))
 
 
 @dataclass(frozen=True)
@@ -144,15 +200,19 @@ class BackendSpec:
     """Per mode, until when this backend's kernels read the forward's staged host buffers
     (beyond the engine's own copies in ``load_batch``): a kernel that reads pinned host memory
     when it executes (TensorRT-LLM's ``cp.async`` gather of host block offsets) keeps the
-    host slot until then. Stored as sorted ``(mode, boundary)`` pairs; :meth:`host_read_until`
-    answers per mode. ``warcore matrix`` shows where each cell's host slot is released::
+    host slot until then. Where ``factory`` is the backend class itself, the class's own
+    ``host_reads`` (:attr:`warcore.attention.AttentionBackend.host_reads`) is read by the same
+    rule when the spec is made and merged in, the latest per mode: a bad one makes the spec
+    (so the plugin's hook) fail, naming the backend and the class, and ``warcore check``
+    reports it. Stored as sorted ``(mode, boundary)`` pairs; :meth:`host_read_until` answers per
+    mode. ``warcore matrix`` shows where each cell's host slot is released::
 
         BackendSpec("my_backend", _make, host_reads={"DECODE": "POST_REPLAY"})
     """
 
-    def host_read_items(self) -> tuple[tuple[ForwardMode, SharedReadBoundary], ...]:
+    def host_read_items(self) -> HostReads:
         """The declared host reads, as validated ``(mode, boundary)`` pairs."""
-        return cast("tuple[tuple[ForwardMode, SharedReadBoundary], ...]", self.host_reads)
+        return cast(HostReads, self.host_reads)
 
     def host_read_until(self, mode: ForwardMode) -> SharedReadBoundary | None:
         """The declared host read of ``mode`` (``None``: it reads no host buffer)."""
@@ -170,17 +230,15 @@ class BackendSpec:
         object.__setattr__(self, "follows_contract", self._contract_modes())
         object.__setattr__(self, "host_reads", self._host_reads())
 
-    def _host_reads(self) -> tuple[tuple[ForwardMode, SharedReadBoundary], ...]:
-        given = self.host_reads
-        items = given.items() if isinstance(given, Mapping) else given
-        try:
-            pairs = {ForwardMode.parse(m): SharedReadBoundary.parse(b) for m, b in items}
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"BackendSpec {self.name!r}: host_reads must map forward modes to shared-read "
-                f"boundaries, got {given!r} ({exc})"
-            ) from None
-        return tuple(sorted(pairs.items(), key=lambda kv: kv[0].name))
+    def _host_reads(self) -> HostReads:
+        """The spec's ``host_reads`` and its backend class's, validated and merged."""
+        reads = dict(parse_host_reads(self.host_reads, f"BackendSpec {self.name!r}: host_reads"))
+        factory = self.factory
+        if isinstance(factory, type) and hasattr(factory, "host_reads"):
+            owner = f"BackendSpec {self.name!r}: {factory.__name__}.host_reads"
+            for mode, until in parse_host_reads(factory.host_reads, owner):
+                reads[mode] = latest(reads.get(mode, until), until)
+        return tuple(sorted(reads.items(), key=lambda kv: kv[0].name))
 
     def _contract_modes(self) -> frozenset[ForwardMode]:
         given = self.follows_contract

@@ -15,8 +15,8 @@ from warcore._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from warcore.engine.config import FENCES, LOOPS, EngineConfig
-    from warcore.engine.drafter import DrafterError
-    from warcore.engine.engine import Engine, EngineFailed
+    from warcore.engine.drafter import AlgorithmFactoryError, DrafterError
+    from warcore.engine.engine import Engine, EngineBusy, EngineFailed
     from warcore.engine.model import ModelConfig, TinyLlama
     from warcore.engine.observe import EngineObserver
     from warcore.engine.report import RunReport, compare_with_serial
@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     from warcore.engine.scheduler import Scheduler, SchedulerConfig
 
 _EXPORTS = {
+    "AlgorithmFactoryError": "warcore.engine.drafter",
     "DrafterError": "warcore.engine.drafter",
     "FENCES": "warcore.engine.config",
     "LOOPS": "warcore.engine.config",
     "EngineConfig": "warcore.engine.config",
     "Engine": "warcore.engine.engine",
+    "EngineBusy": "warcore.engine.engine",
     "EngineFailed": "warcore.engine.engine",
     "RunReport": "warcore.engine.report",
     "compare_with_serial": "warcore.engine.report",
@@ -46,8 +48,10 @@ __all__ = [
     "FENCES",
     "MAX_TRACE_REQUESTS",
     "LOOPS",
+    "AlgorithmFactoryError",
     "DrafterError",
     "Engine",
+    "EngineBusy",
     "EngineConfig",
     "EngineFailed",
     "EngineObserver",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from functools import cache
 from typing import Literal
 
 from warcore.engine.model import ModelConfig
@@ -106,6 +109,10 @@ class EngineConfig:
     :class:`Engine` raises :class:`ValueError` naming anything else."""
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # first: the checks below assume each field's type
+            problem = _type_problem(getattr(self, f.name), _field_types()[f.name])
+            if problem is not None:
+                raise ValueError(f"{f.name} must be {problem}, got {getattr(self, f.name)!r}")
         if self.fence not in FENCES:
             raise ValueError(f"unknown fence {self.fence!r}; valid: {', '.join(FENCES)}")
         if self.loop not in LOOPS:
@@ -115,8 +122,8 @@ class EngineConfig:
                 f"unknown copy_wait {self.copy_wait!r}; valid: {', '.join(COPY_WAITS)}"
             )
         ring = self.event_ring_depth
-        if ring is not None and (not isinstance(ring, int) or isinstance(ring, bool) or ring < 1):
-            raise ValueError(f"event_ring_depth must be an int >= 1, got {self.event_ring_depth!r}")
+        if ring is not None and ring < 1:
+            raise ValueError(f"event_ring_depth must be an int >= 1, got {ring!r}")
         if self.in_graph_event not in IN_GRAPH_EVENTS:
             raise ValueError(
                 f"unknown in_graph_event {self.in_graph_event!r}; valid: "
@@ -124,43 +131,40 @@ class EngineConfig:
             )
         if self.staging not in STAGINGS:
             raise ValueError(f"unknown staging {self.staging!r}; valid: {', '.join(STAGINGS)}")
-        depth = self.staging_depth
-        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-            raise ValueError(f"staging_depth must be an int >= 0 (0: derived), got {depth!r}")
-        slots = self.num_slots
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 2:
-            raise ValueError(f"num_slots must be an int >= 2 (slot 0 is the dummy), got {slots!r}")
-        for name in ("hicache_host_tokens", "hicache_block"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.staging_depth < 0:
+            raise ValueError(
+                f"staging_depth must be an int >= 0 (0: derived), got {self.staging_depth!r}"
+            )
+        if self.num_slots < 2:
+            raise ValueError(
+                f"num_slots must be an int >= 2 (slot 0 is the dummy), got {self.num_slots!r}"
+            )
+        for name in ("hicache_host_tokens", "hicache_block", "max_prompt"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         if self.hicache_host_tokens < self.hicache_block:
             raise ValueError(
                 f"hicache_host_tokens ({self.hicache_host_tokens}) must hold at least one "
                 f"block (hicache_block {self.hicache_block})"
             )
-        if not isinstance(self.num_draft, int) or isinstance(self.num_draft, bool):
-            raise ValueError(f"num_draft must be an int, got {self.num_draft!r}")
         if self.num_draft < 1:
             raise ValueError(f"num_draft must be at least 1, got {self.num_draft}")
-        if self.num_draft > self.max_num_draft:
+        if self.num_draft > self._by_batch:
+            sc = self.scheduler
             raise ValueError(
                 f"num_draft {self.num_draft} is more than this engine can run: at most "
-                f"{self.max_num_draft} ({self._num_draft_limit()})"
+                f"{self._by_batch} (a verify batch of {sc.max_running} requests x (num_draft + "
+                f"1) tokens must fit the engine's {self.token_capacity}-token batch)"
             )
         for name in ("schedule_work_s", "modelled_layer_s"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             if value > MAX_MODELLED_S:
                 raise ValueError(
                     f"{name} must be at most {MAX_MODELLED_S:g} s (modelled device time per "
                     f"layer or step), got {value!r}"
                 )
-        if not isinstance(self.prefill_staging, bool):
-            raise ValueError(f"prefill_staging must be a bool, got {self.prefill_staging!r}")
-        if not isinstance(self.flags, tuple):
-            raise ValueError(f"flags must be a tuple of (name, value) pairs, got {self.flags!r}")
 
     @property
     def token_capacity(self) -> int:
@@ -174,22 +178,69 @@ class EngineConfig:
     def max_num_draft(self) -> int:
         """The widest speculation this configuration can run (31 by default): a verify batch of
         ``scheduler.max_running`` requests x ``num_draft + 1`` tokens must fit
-        :attr:`token_capacity`, and a one-token request's KV budget (``1 + 2 * num_draft``
-        positions, see :meth:`Request.kv_budget`) the model's context and the KV pool."""
-        by_batch = self.token_capacity // max(1, self.scheduler.max_running) - 1
-        by_context = (min(self.model.max_context, self.num_slots - 1) - 1) // 2
-        return min(by_batch, by_context)
+        :attr:`token_capacity` (checked when the config is made), and a one-token request's KV
+        budget (``1 + 2 * num_draft`` positions, see :meth:`Request.kv_budget`) the model's
+        context and the KV pool (checked by the engine for a speculative algorithm only:
+        :meth:`speculation_problem`)."""
+        return min(self._by_batch, self._by_context)
 
-    def _num_draft_limit(self) -> str:
-        sc = self.scheduler
-        by_batch = self.token_capacity // max(1, sc.max_running) - 1
-        if by_batch <= self.max_num_draft:
-            return (
-                f"a verify batch of {sc.max_running} requests x (num_draft + 1) tokens must fit "
-                f"the engine's {self.token_capacity}-token batch"
-            )
-        return (
-            f"a request reserves 2 x num_draft KV positions beyond its tokens, within a context "
-            f"of {min(self.model.max_context, self.num_slots - 1)} (the model's max_context "
-            f"{self.model.max_context}, num_slots {self.num_slots} less the dummy slot)"
+    @property
+    def _by_batch(self) -> int:
+        return self.token_capacity // max(1, self.scheduler.max_running) - 1
+
+    @property
+    def _by_context(self) -> int:
+        return (min(self.model.max_context, self.num_slots - 1) - 1) // 2
+
+    def speculation_problem(self) -> str | None:
+        """Why a speculative algorithm cannot run ``num_draft`` drafts in this KV room, naming
+        the options that would make room (``None``: it can). A request reserves
+        ``2 x num_draft`` KV positions beyond its tokens; without speculation it reserves
+        none, so the engine asks this only of a speculative algorithm."""
+        n, context = self.num_draft, min(self.model.max_context, self.num_slots - 1)
+        if n <= self._by_context:
+            return None
+        head = (
+            f"algorithm {self.algorithm!r} with num_draft {n} needs KV room for 2 x num_draft "
+            f"positions beyond a request's tokens, {2 * n + 1} at least"
         )
+        fewer = f"num_draft <= {max(1, (self.model.max_context - 1) // 2)}"
+        if 2 * n + 1 > self.model.max_context:  # more slots cannot help
+            return f"{head}; the model's max_context is {self.model.max_context}: give {fewer}"
+        fewer = f" or num_draft <= {self._by_context}" if self._by_context >= 1 else ""
+        return (
+            f"{head}; num_slots {self.num_slots} leaves {context} (slot 0 is the dummy): give "
+            f"num_slots >= {2 * n + 2}{fewer}"
+        )
+
+
+@cache
+def _field_types() -> dict[str, object]:
+    """:class:`EngineConfig`'s field annotations, resolved (the module's names are needed)."""
+    return typing.get_type_hints(EngineConfig)
+
+
+_KINDS: dict[object, str] = {bool: "a bool", int: "an int", float: "a number", str: "a str"}
+
+
+def _type_problem(value: object, hint: object) -> str | None:
+    """What ``hint`` asks for (``"a bool"``), if ``value`` is not it; ``None`` if it is. A bool
+    is not an int here (``staging_guard=0`` once turned the guard off), an int is a number, a
+    ``Literal`` asks for a str (its own check names the valid ones)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        wrong = [_type_problem(value, option) for option in options]
+        return None if None in wrong else " or ".join(w for w in wrong if w)
+    if hint is type(None):
+        return None if value is None else "None"
+    if origin is Literal:
+        hint = str
+    elif origin is not None:
+        hint = origin  # tuple[...]: the flags' pairs are the registry's to check
+    if hint in (int, float):
+        ok = isinstance(value, int | float if hint is float else int)
+        ok = ok and not isinstance(value, bool)
+    else:
+        ok = type(value) is bool if hint is bool else isinstance(value, hint)  # type: ignore[arg-type]
+    return None if ok else _KINDS.get(hint, f"a {getattr(hint, '__name__', hint)}")

@@ -75,6 +75,7 @@ from warcore.core import ForwardMode
 from warcore.runners import StepOutput
 
 __all__ = [
+    "AlgorithmFactoryError",
     "DraftInput",
     "DraftLocation",
     "Drafter",
@@ -89,11 +90,17 @@ __all__ = [
 DraftLocation = Literal["device", "host"]
 
 
-class DrafterError(RuntimeError):
+class AlgorithmFactoryError(RuntimeError):
+    """A factory an algorithm's plugin gives the engine (its drafter, its
+    ``prefill_shared_read_stager``) raised, or returned what the engine cannot use; the
+    message names the algorithm and its plugin. ``warcore run`` prints it as one line and exits
+    1: the plugin failed, not the command line."""
+
+
+class DrafterError(AlgorithmFactoryError):
     """An algorithm's drafter factory raised, or returned something that is not what its step
     needs (a :class:`Drafter`, or a draft model); the message names the algorithm and its
-    plugin. ``warcore run`` prints it as one line and exits 1 (the plugin failed, not the
-    command line)."""
+    plugin."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ batches, so its tokens are the oracle for the overlap loop.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from warcore.device import (
     records_in_flight,
 )
 from warcore.engine.config import EngineConfig
-from warcore.engine.drafter import DrafterError, as_drafter
+from warcore.engine.drafter import AlgorithmFactoryError, DrafterError, as_drafter
 from warcore.engine.hicache import HostKVTier
 from warcore.engine.model import TinyLlama
 from warcore.engine.observe import EngineObserver
@@ -61,7 +62,7 @@ from warcore.engine.spec import StepWorker, Worker, build_drafter
 from warcore.engine.steps import engine_problem, records_per_step, step_of
 from warcore.runners import ModelRunner, RunnerGroup, StepOutput
 
-__all__ = ["Engine", "EngineFailed"]
+__all__ = ["Engine", "EngineBusy", "EngineFailed"]
 
 Launched = tuple[Scheduled, StepOutput]
 """A launched step: the scheduler's batch, and the output its forwards will leave."""
@@ -69,6 +70,11 @@ Launched = tuple[Scheduled, StepOutput]
 
 class EngineFailed(RuntimeError):
     """The engine was asked to run after a device fault stopped it."""
+
+
+class EngineBusy(RuntimeError):
+    """The engine was asked to run while a run of it was in progress (another thread's, or a
+    callback of the run itself): one engine serves one run at a time."""
 
 
 class Engine:
@@ -88,6 +94,9 @@ class Engine:
         pm: WarcorePluginManager | None = None,
     ) -> None:
         self._built_backends: list[object] = []
+        self._running = threading.Lock()
+        """Held for a whole run: two runs of one engine would share its streams, pools and rows,
+        and each would return the other's tokens without an error."""
         try:
             self._construct(config, device=device, pm=pm)
         except BaseException:
@@ -127,6 +136,9 @@ class Engine:
             )
         step = step_of(algorithm)
         assert step is not None  # engine_problem() says why when there is none
+        room = cfg.speculation_problem() if step.speculative else None
+        if room is not None:
+            raise ValueError(room)
         self.step: StepSpec = step
         """The algorithm's step, as the worker runs it."""
         self.num_draft = cfg.num_draft if step.speculative else 0
@@ -248,19 +260,19 @@ class Engine:
     def _install_stager(self, algorithm: AlgorithmSpec, worker: StepWorker, owner: str) -> None:
         """Give the target's prefill runner the algorithm's per-batch stager (stage, then
         publish), where its step reads later and staging is on; a factory that raises or
-        returns no callable is refused here, naming the algorithm."""
+        returns no callable is an :class:`AlgorithmFactoryError` here, naming the algorithm."""
         factory = algorithm.prefill_shared_read_stager
         if factory is None or not self.config.prefill_staging or not self.step.prefill_reads_later:
             return
         try:
             stager = factory(worker)
         except Exception as exc:
-            raise ValueError(
+            raise AlgorithmFactoryError(
                 f"{owner}: its prefill_shared_read_stager factory raised "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         if not callable(stager):
-            raise ValueError(
+            raise AlgorithmFactoryError(
                 f"{owner}: its prefill_shared_read_stager factory returned {stager!r}, not a "
                 "callable stager(forward_batch) -> bool"
             )
@@ -317,8 +329,9 @@ class Engine:
 
     def _host_reads(self, backend: AttentionBackend) -> dict[ForwardMode, SharedReadBoundary]:
         """Until when the backend's kernels read staged host buffers, per mode: the latest of
-        what its class and its spec declare."""
-        reads = dict(backend.host_reads)
+        what its class and its spec declare (a bad class declaration is refused here, naming
+        the backend, before anything runs)."""
+        reads = dict(backend.host_read_items())
         for mode, until in self.backend_spec.host_read_items():
             reads[mode] = latest(reads.get(mode, until), until)
         return reads
@@ -464,9 +477,27 @@ class Engine:
         the report has ``errors[rid]`` saying why (naming the value and the limit) and an empty
         output, and every other request is served. Two requests with the same ``rid`` raise
         :class:`ValueError` naming it before anything runs: outputs and errors are keyed by
-        ``rid``, so serving both would lose one of them.
+        ``rid``, so serving both would lose one of them. A run while another run of this engine
+        is in progress (another thread's) raises :class:`EngineBusy` at once, changing nothing.
         """
         _check_request_ids(requests)
+        if not self._running.acquire(blocking=False):
+            raise EngineBusy(
+                "this engine is already running (another thread's run, or a callback of the "
+                "run): one engine serves one run at a time; wait for it, or build an Engine "
+                "per thread"
+            )
+        try:
+            return self._observed_run(requests, progress, observer)
+        finally:
+            self._running.release()
+
+    def _observed_run(
+        self,
+        requests: list[Request],
+        progress: Callable[[int, int], None] | None,
+        observer: EngineObserver | None,
+    ) -> RunReport:
         if observer is None:
             return self._run(requests, progress, _NO_OBSERVER)
         self.device.set_span_sink(observer.device_span)

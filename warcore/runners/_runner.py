@@ -238,7 +238,7 @@ class ModelRunner:
         self.staging = staging or HostStaging(max_bs, capacity, 2, pin=device.name == "cuda")
         self.staged: StagedInputs | None = None
         """The slot of the forward being launched (set by ``load_batch``)."""
-        self.host_reads = dict(backend.host_reads if host_reads is None else host_reads)
+        self.host_reads = dict(backend.host_read_items() if host_reads is None else host_reads)
         self._host_release = RecordPoint.NONE
         self._host_releases: dict[tuple[ForwardMode, RecordPoint], RecordPoint] = {}
         self.prefill_shared_read_stager: Callable[[ForwardBatch], bool] | None = None
