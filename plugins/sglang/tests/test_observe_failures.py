@@ -1,31 +1,91 @@
-"""A diagnostic never takes an sglang process down: a trace file that cannot be written is named
-at start-up and the trace stays off; a listener that fails mid-run is switched off."""
+"""A diagnostic never takes an sglang process down, and a bad input is one line naming it: a
+trace file that cannot be written is named at start-up and the trace stays off (the rest of
+the line as it would be); a bad sanitizer setting switches off only the sanitizer; a listener
+that fails mid-run is switched off in one line; the trace summary refuses a file that is not
+a trace naming the file and its first bad line; the sanitizer command without sglang says what
+to install."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from warcore_sglang import _entry, _observe
+from warcore_sglang import _entry, _observe, sanitize, trace
 
 
-def test_an_unwritable_trace_file_is_named_at_start_up_and_the_trace_stays_off(
+def _startup(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> list[tuple[int, str]]:
+    """What the entry point says in a process that builds no runner: (level, line) each."""
+    monkeypatch.delenv("WARCORE_SGLANG", raising=False)
+    with caplog.at_level(logging.INFO, logger="warcore.sglang"):
+        status = _entry.sglang_plugin()
+    assert status is not None
+    return [
+        (r.levelno, r.getMessage()) for r in caplog.records if "warcore-sglang" in r.getMessage()
+    ]
+
+
+def test_a_trace_file_that_takes_nothing_is_named_in_the_one_start_up_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("WARCORE_SGLANG_TRACE", "/dev/full")  # opens, and takes nothing
+    monkeypatch.delenv("WARCORE_SGLANG_SANITIZE", raising=False)
+    try:
+        lines = _startup(monkeypatch, caplog)
+    finally:
+        trace.uninstall()
+    assert len(lines) == 1, lines
+    level, line = lines[0]
+    assert level == logging.ERROR, lines
+    assert "trace off: /dev/full: No space left on device" in line, lines
+    assert "; trace /dev/full" not in line and "failed" not in line, lines
+
+
+def test_a_folder_that_does_not_exist_keeps_the_trace_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("WARCORE_SGLANG_TRACE", str(tmp_path / "no-such-folder" / "trace.jsonl"))
+    missing = tmp_path / "no-such-folder" / "trace.jsonl"
+    monkeypatch.setenv("WARCORE_SGLANG_TRACE", str(missing))
     monkeypatch.delenv("WARCORE_SGLANG_SANITIZE", raising=False)
     status = _entry.Status(1, "scheduler", {}, False, None, logging.INFO)
     _entry._observe(status)
-    assert status.trace is None
-    assert status.level == logging.ERROR
-    assert any(
-        "trace/sanitizer not installed" in p and "no-such-folder" in p for p in status.problems
-    ), status.problems
+    assert status.trace is None and status.level == logging.ERROR
+    assert status.problems == [f"trace off: {missing}: No such file or directory"]
 
 
-def test_a_listener_that_fails_is_switched_off_and_named(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_bad_sanitizer_setting_switches_off_the_sanitizer_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("WARCORE_SGLANG_TRACE", str(path))
+    monkeypatch.setenv("WARCORE_SGLANG_SANITIZE", "bogus")
+    try:
+        lines = _startup(monkeypatch, caplog)
+    finally:
+        trace.uninstall()
+        sanitize.uninstall()
+    assert len(lines) == 1, lines
+    level, line = lines[0]
+    assert level == logging.WARNING, lines
+    assert f"; trace {path}" in line, lines  # the trace is on
+    assert "sanitizer off: WARCORE_SGLANG_SANITIZE='bogus' is not one of all, tagged" in line
+    assert "not installed" not in line, lines
+    kinds = [record["kind"] for record in trace.read_trace(path)]
+    assert kinds == ["open", "process"], kinds
+
+
+def test_a_listener_that_fails_is_switched_off_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     class FullDisk:
+        name = "trace"
+
         def barrier(self, *args: object) -> None:
             raise OSError("no space left on device")
 
@@ -38,5 +98,81 @@ def test_a_listener_that_fails_is_switched_off_and_named(caplog: pytest.LogCaptu
     finally:
         if listener in _observe._listeners:
             _observe._listeners.remove(listener)  # type: ignore[arg-type]
-    failures = [r for r in caplog.records if "switched off" in r.getMessage()]
-    assert len(failures) == 1 and "no space left on device" in caplog.text
+    failures = [r for r in caplog.records if "stopped" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is None  # one line, no traceback
+    assert "the trace stopped (OSError in barrier: no space left on device)" in caplog.text
+
+
+_GOOD = {
+    "kind": "barrier",
+    "pid": 7,
+    "mode": "DECODE",
+    "record_point": "none",
+    "branch": "wait_stream",
+    "owner": "target",
+    "provenance": "plugin:sglang",
+}
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\x00\xff\xfe binary", "not a trace: byte 1 is not UTF-8 text"),
+        (b"[1, 2]\n", "line 1: not a trace record (a JSON object with a 'kind'), got list"),
+        (b"[" * 100_000 + b"\n", "line 1: JSON nested too deeply"),
+        (json.dumps({**_GOOD, "mode": None}).encode() + b"\n", "line 1: a barrier record"),
+        (
+            json.dumps(_GOOD).encode() + b"\n" + json.dumps({"kind": "poison"}).encode() + b"\n",
+            "line 2: a poison record without 'pid'",
+        ),
+        (b"{not json\n" + json.dumps(_GOOD).encode() + b"\n", "line 1: not JSON"),
+    ],
+)
+def test_the_summary_refuses_a_file_that_is_not_a_trace_naming_its_first_bad_line(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    done = subprocess.run(
+        [sys.executable, "-m", "warcore_sglang.trace", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert err[0] == f"python -m warcore_sglang.trace: {path}: {says}" or says in err[0], err
+
+
+def test_a_torn_last_line_is_a_stopped_writer_not_a_bad_trace(tmp_path: Path) -> None:
+    path = tmp_path / "torn.jsonl"
+    path.write_text(json.dumps(_GOOD) + "\n" + json.dumps(_GOOD)[:20])
+    assert trace.read_trace(path) == [_GOOD]
+
+
+_HIDE = """
+import importlib.abc, runpy, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("sglang", "safetensors"):
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Hide())
+sys.argv = ["sanitize", *sys.argv[1:]]
+runpy.run_module("warcore_sglang.sanitize", run_name="__main__")
+"""
+
+
+def test_the_sanitizer_without_sglang_says_what_to_install(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _HIDE, "--cpu-tiny-model", str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "sglang, safetensors are not installed" in err[0], err
+    assert "sglang-0.5.23-server-pins.txt" in err[0] and "nox -s sglang_server" in err[0], err

@@ -191,7 +191,14 @@ def _settled(status: Status, reason: str | None) -> None:
         _finish(status)
 
 
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _observe(status: Status) -> None:
+    """The trace and the sanitizer, each said in the start-up line: on, or off and why."""
     path = os.environ.get(ENV_TRACE, "").strip()
     mode = os.environ.get(ENV_SANITIZE, "").strip().lower()
     if mode in ("1", "true", "yes", "on"):
@@ -206,20 +213,35 @@ def _observe(status: Status) -> None:
         return
     path = os.path.abspath(path)
     try:
-        # the trace file must be writable now, not at the first barrier
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
         from . import trace
 
+        # a real write, now, not at the first barrier (/dev/full opens, and takes nothing)
+        trace.write_record(path, {"kind": "open", "pid": status.pid, "t": time.time()})
         trace.install(path)
-        status.trace = path
-        if mode:
-            from . import sanitize
-
-            sanitize.install(path, mode)
-            status.sanitize = mode
     except Exception as exc:
-        status.problems.append(f"trace/sanitizer not installed: {type(exc).__name__}: {exc}")
+        status.problems.append(f"trace off: {path}: {_reason(exc)}")
         status.level = max(status.level, logging.ERROR)
+        return
+    status.trace = path
+    if mode:
+        _sanitize(status, path, mode)
+
+
+def _sanitize(status: Status, path: str, mode: str) -> None:
+    from . import sanitize
+
+    if mode not in sanitize.MODES:
+        problem = f"{ENV_SANITIZE}={mode!r} is not one of {', '.join(sanitize.MODES)}"
+        status.problems.append(f"sanitizer off: {problem}")
+        status.level = max(status.level, logging.WARNING)
+        return
+    try:
+        sanitize.install(path, mode)
+    except Exception as exc:
+        status.problems.append(f"sanitizer off: {_reason(exc)}")
+        status.level = max(status.level, logging.ERROR)
+        return
+    status.sanitize = mode
 
 
 def startup_line(status: Status) -> str:
@@ -258,33 +280,47 @@ def _emit(level: int, line: str) -> None:
 
 
 def _finish(status: Status) -> None:
-    """Say the start-up line, once, and write it to the trace."""
+    """Say the start-up line, once, and write it to the trace first (a trace that cannot take
+    it is off, and the line says so)."""
     if status.said:
         return
     status.said = True
-    line = startup_line(status)
-    _emit(status.level, line)
     if status.trace:
-        from . import trace
+        try:
+            _write_process_record(status)
+        except Exception as exc:
+            from . import sanitize, trace
 
-        trace.write_record(
-            status.trace,
-            {
-                "kind": "process",
-                "pid": status.pid,
-                "ppid": os.getppid(),
-                "role": status.role,
-                "rank": status.rank,
-                "active": status.active,
-                "reason": status.reason,
-                "left_to_schedulers": status.left_to_schedulers,
-                "plugins": status.plugins,
-                "activation_s": status.activation_s,
-                "sanitize": status.sanitize,
-                "status": line.split("): ", 1)[-1],
-                "line": line,
-            },
-        )
+            sanitize.uninstall()
+            trace.uninstall()
+            status.problems.append(f"trace off: {status.trace}: {_reason(exc)}")
+            status.trace = status.sanitize = None
+            status.level = max(status.level, logging.ERROR)
+    _emit(status.level, startup_line(status))
+
+
+def _write_process_record(status: Status) -> None:
+    from . import trace
+
+    line = startup_line(status)
+    trace.write_record(
+        str(status.trace),
+        {
+            "kind": "process",
+            "pid": status.pid,
+            "ppid": os.getppid(),
+            "role": status.role,
+            "rank": status.rank,
+            "active": status.active,
+            "reason": status.reason,
+            "left_to_schedulers": status.left_to_schedulers,
+            "plugins": status.plugins,
+            "activation_s": status.activation_s,
+            "sanitize": status.sanitize,
+            "status": line.split("): ", 1)[-1],
+            "line": line,
+        },
+    )
 
 
 def sglang_plugin() -> Status | None:

@@ -129,8 +129,14 @@ def _each(method: str, *args: Any) -> None:
     for listener in list(_listeners):
         try:
             getattr(listener, method)(*args)
-        except Exception:
-            _log.exception("warcore-sglang: %r failed in %s and is switched off", listener, method)
+        except Exception as exc:
+            _log.error(
+                "warcore-sglang: the %s stopped (%s in %s: %s); sglang runs on as it would",
+                getattr(listener, "name", type(listener).__name__),
+                type(exc).__name__,
+                method,
+                exc,
+            )
             with contextlib.suppress(ValueError):
                 _listeners.remove(listener)
 

@@ -255,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.warmup < 0:
         parser.error("--warmup must be at least 0")
+    missing = serving.missing_for_serving()
+    if missing is not None:
+        print(f"{parser.prog}: {missing}", file=sys.stderr)
+        return 2
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

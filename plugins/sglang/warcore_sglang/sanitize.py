@@ -129,6 +129,8 @@ def restore(done: list[tuple[str, Any, Any, Any]]) -> None:
 class Sanitizer(_observe.Listener):
     """Poisons at each publish of a batch it is asked to sanitize; restores at forward end."""
 
+    name = "sanitizer"
+
     def __init__(self, trace_path: str, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"{ENV_SANITIZE}={mode!r}: expected one of {', '.join(MODES)}")
@@ -387,8 +389,14 @@ def _report_json(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .serving import missing_for_serving
+
     parser = _parser()
     args = parser.parse_args(argv)
+    missing = missing_for_serving()
+    if missing is not None:
+        print(f"{parser.prog}: {missing}", file=sys.stderr)
+        return 2
     try:
         prefill_switch_setting(os.environ)  # refused here, not in the server it would start
     except PrefillSwitchError as exc:

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "SERVING_MODULES",
+    "missing_for_serving",
     "HttpServer",
     "Request",
     "ServerError",
@@ -77,6 +79,31 @@ TINY_CONFIG: dict[str, Any] = {
 BOOT = Path(__file__).resolve().parent.parent / "tests" / "_boot"
 """The CPU stand-ins' boot folder in a source checkout (absent from an installed wheel)."""
 STANDINS = "triton,torchvision,sgl_kernel"
+
+
+SERVING_MODULES = ("sglang", "torch", "safetensors", "psutil")
+"""What running a real sglang server here imports besides the standard library."""
+
+
+def _found(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_for_serving() -> str | None:
+    """``None`` when a real sglang server can be started from this environment, else one line
+    saying what is missing and how to get it."""
+    missing = [m for m in SERVING_MODULES if not _found(m)]
+    if not missing:
+        return None
+    return (
+        f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: a real "
+        "sglang 0.5.23 server needs its serving path (pip install --no-deps -r "
+        "plugins/sglang/sglang-0.5.23-server-pins.txt beside torch, or run in the venv "
+        "nox -s sglang_server builds; plugins/sglang/README.md)"
+    )
 
 
 class ServerError(RuntimeError):

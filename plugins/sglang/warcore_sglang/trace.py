@@ -43,6 +43,8 @@ from ._prefill_switch import DEFAULT, read_prefill_switch
 __all__ = [
     "ENV_TRACE",
     "Summary",
+    "TraceError",
+    "check_record",
     "Tracer",
     "format_summary",
     "install",
@@ -72,16 +74,79 @@ def write_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
 
 
 def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every record of a trace file, in the order written (a torn last line is skipped)."""
+    """Every record of a trace file, in the order written (a torn last line is skipped).
+    Raises :class:`TraceError` naming the file and the first line that is not a record of the
+    shape a trace holds (:func:`check_record`)."""
+    path = os.fspath(path)
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not a trace: byte {exc.start} is not UTF-8 text") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    lines = text.split("\n")
     records = []
-    for line in Path(path).read_text().splitlines():
+    for number, line in enumerate(lines, 1):
         line = line.strip()
-        if line:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+        if not line:
+            continue
+        torn = number == len(lines)  # the last line, unterminated: a writer was stopped
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if torn:
                 continue
+            raise TraceError(f"{path}: line {number}: not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise TraceError(f"{path}: line {number}: JSON nested too deeply") from None
+        problem = check_record(record)
+        if problem is not None:
+            raise TraceError(f"{path}: line {number}: {problem}")
+        records.append(record)
     return records
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read, or a line in it that is not a trace record."""
+
+
+_FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
+    "process": (("pid", int), ("role", str), ("active", bool)),
+    "publish": (("pid", int), ("mode", str), ("record_point", str), ("provenance", str)),
+    "barrier": (
+        ("pid", int),
+        ("mode", str),
+        ("record_point", str),
+        ("branch", str),
+        ("owner", str),
+        ("provenance", str),
+    ),
+    "poison": (
+        ("pid", int),
+        ("mode", str),
+        ("record_point", str),
+        ("backend", str),
+        ("provenance", str),
+    ),
+}
+"""Each record kind a summary reads -> the fields it reads and their types (other kinds, and
+other fields, are kept and not checked: a newer writer may add them)."""
+
+
+def check_record(record: Any) -> str | None:
+    """Why ``record`` is not a trace record (``None``: it is)."""
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        return f"not a trace record (a JSON object with a 'kind'), got {type(record).__name__}"
+    for name, kind in _FIELDS.get(record["kind"], ()):
+        if name not in record:
+            return f"a {record['kind']} record without {name!r}"
+        value = record[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"a {record['kind']} record whose {name!r} is {value!r}"
+    rank = record.get("rank")
+    if rank is not None and not isinstance(rank, dict):
+        return f"a {record['kind']} record whose 'rank' is {rank!r}"
+    return None
 
 
 # -- what the decision was, and why --------------------------------------------------------
@@ -197,6 +262,8 @@ def _rids(batch: Any) -> list[str]:
 
 class Tracer(_observe.Listener):
     """Writes ``publish`` and ``barrier`` records to ``path``."""
+
+    name = "trace"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -441,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.file)
     if not path.is_file():
         parser.error(f"{path}: no such trace file")
-    summary = summarise(read_trace(path), str(path))
+    try:
+        summary = summarise(read_trace(path), str(path))
+    except TraceError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(summary.as_dict(), indent=2))
     else:
