@@ -28,9 +28,11 @@ __all__ = [
     "BASE",
     "FLAG_SPECS",
     "LEAVES",
+    "MAX_DEPTH",
     "PREFIX",
     "REGISTRY_CLASSES",
     "SUPPORTED",
+    "TAG",
     "WRAPPERS",
     "WRAPPER_SHAPES",
     "WrapperShape",
@@ -42,6 +44,13 @@ __all__ = [
 
 PREFIX = "sglang_"
 SRT = "sglang.srt."
+
+TAG = "_warcore_sglang_name"
+"""Instance attribute the activation sets on each backend sglang's registry builds: its warcore
+name (``sglang_fa4`` and ``sglang_fa3`` build the same class)."""
+
+MAX_DEPTH = 8
+"""Wrappers nest at most this deep (two-batch overlap of a hybrid of ...)."""
 
 AUDITED: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     "0.5.23": {

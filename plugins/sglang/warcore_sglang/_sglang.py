@@ -32,6 +32,7 @@ from warcore.core import validate_name
 from . import _names
 from ._names import (
     LEAVES,
+    MAX_DEPTH,
     PREFIX,
     REGISTRY_CLASSES,
     SRT,
@@ -45,7 +46,6 @@ from ._names import (
 __all__ = [
     "DISTRIBUTION",
     "SUPPORTED",
-    "TAG",
     "api",
     "available",
     "boundary_of",
@@ -66,13 +66,6 @@ __all__ = [
 ]
 
 DISTRIBUTION = "sglang"
-
-TAG = "_warcore_sglang_name"
-"""Instance attribute the activation sets on each backend sglang's registry builds: its warcore
-name (``sglang_fa4`` and ``sglang_fa3`` build the same class)."""
-
-MAX_DEPTH = 8
-"""Wrappers nest at most this deep (two-batch overlap of a hybrid of ...)."""
 
 
 def installed_version() -> str | None:

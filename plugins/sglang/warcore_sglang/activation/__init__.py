@@ -1,60 +1,60 @@
-"""Activation: make a running sglang 0.5.23 process consult warcore.
+"""Activation: make a running sglang 0.5.23 process consult warcore, never earlier than sglang.
 
 :func:`install` patches sglang's declaration points in this process so that installed warcore
-plugins, vetoes and force-coarse act on sglang's real runners:
+plugins, vetoes and force-coarse act on sglang's real runners. Every patched point calls
+sglang's own code first, with the arguments as given, and answers no earlier than it
+(*bound, never replace*):
 
 =====================================================  =====================================
 patched (sglang 0.5.23)                                answers
 =====================================================  =====================================
-``shared_read_ends`` of ``AttentionBackend`` and of    warcore's resolution for the backend's
-every subclass defining its own (also classes         warcore name and this process's context,
-defined later: ``AttentionBackend.__init_subclass__``) never earlier than sglang's own answer
-                                                       for the instance; a veto, force-coarse,
-                                                       or a non-publishing phase -> UNKNOWN;
-                                                       cached per instance
-``AttentionBackend.resolve_prefill_shared_read_ends``  sglang's env switches (the prefill one
-                                                       as ``WARCORE_SGLANG_PREFILL_SWITCH``
-                                                       says), then warcore's
-                                                       prefill decision (declaration, vetoes,
-                                                       the algorithm's gate); on the snapshot
-                                                       path sglang's per-batch snapshot, never
-                                                       earlier than another plugin's answer
-``SpeculativeAlgorithm`` / ``CustomSpecAlgo``          warcore's publish phase for ``EXTEND``
-``.supports_prefill_shared_read_done``
-``last_shared_read_runner`` of ``BaseTpWorker``,       the runner warcore's event owner names
-``BaseSpecWorker`` and each spec worker defining it    for (algorithm, facts read from the
-                                                       worker); no owner -> a runner with no
-                                                       event (coarse barrier)
-``DecodeCudaGraphRunner._resolve_shared_read_ends``    a dict lookup (backend, planted?, mode)
-                                                       filled from the backend's patched
-                                                       answer (IN_REPLAY without an in-graph
-                                                       event -> POST_REPLAY, as sglang); emptied
-                                                       when plugins or switches change
+``shared_read_ends`` of ``AttentionBackend`` and of    the later of sglang's own answer and
+every subclass defining its own (also classes         warcore's resolution for the backend's
+defined later: ``AttentionBackend.__init_subclass__``) warcore name; a veto, force-coarse or
+                                                       a non-publishing phase: UNKNOWN
+``resolve_prefill_shared_read_ends`` (and overrides)   sglang's own (its switches, gates and
+                                                       per-batch snapshot), bounded by
+                                                       warcore's prefill decision
+``SpeculativeAlgorithm`` / ``CustomSpecAlgo``          sglang's own "no" stays no; a "yes"
+``.supports_prefill_shared_read_done``                 is warcore's publish phase for EXTEND
+``last_shared_read_runner`` of ``BaseTpWorker``,       the runner sglang's worker names for
+``BaseSpecWorker`` and each worker defining it         this step, if warcore's event owner
+                                                       names the same; otherwise a runner
+                                                       with no event (a coarse barrier)
+``DecodeCudaGraphRunner._resolve_shared_read_ends``    the later of sglang's own and the
+(and overrides)                                        backend's patched answer, remembered
+                                                       per runner (one identity test, one
+                                                       dict lookup per replay)
 =====================================================  =====================================
 
-Plus two small wraps: ``attention_backend_setup._build_full_attention_backend_from_str`` tags
-each backend sglang's registry builds with its warcore name (``fa3`` and ``fa4`` build one
-class), and, with ``WARCORE_SGLANG_CHECK_RANKS``, ``Scheduler.__init__`` ends with the rank
-check (:func:`warcore.audit.ranks.check_ranks_agree` over sglang's world CPU group).
+Plus small wraps: ``_record_in_graph_metadata_prep_done`` forgets a runner's remembered
+answers when it plants its in-graph event; ``attention_backend_setup.
+_build_full_attention_backend_from_str`` tags each backend sglang's registry builds with its
+warcore name (``fa3`` and ``fa4`` build one class); ``Scheduler.__init__`` ends with the
+checkpoint and, with ``WARCORE_SGLANG_CHECK_RANKS``, the rank check
+(:func:`warcore.audit.ranks.check_ranks_agree` over sglang's world CPU group).
 
-Where an UNKNOWN answer reaches the decode runner, the runner's mailbox
-(``model_runner.shared_read_done_event``) is cleared: sglang's runner does not clear it, and an
-event an earlier phase left there must not stand for a forward that publishes nothing.
+Only an audited sglang is patched: its version exactly (``warcore_sglang._names.AUDITED``),
+and each watched module's shape (:mod:`._shape`: signatures, members, globals, variables and
+the digests of the bodies warcore wraps or relies on), checked where the module is patched. A
+refused version or a failed check patches nothing (or puts everything back): sglang's own
+decisions apply, said in one ERROR start-up line.
 
-Modules not imported yet are patched when they are imported (a post-import hook on
+Modules not imported yet are checked and patched when they are imported (a post-import hook on
 ``sys.meta_path``), so :func:`install` imports nothing of sglang itself: it is what sglang's
 ``load_plugins()`` calls (entry point ``sglang.srt.plugins``: ``warcore``) first thing in
 every server process when ``WARCORE_SGLANG=1`` (through :mod:`warcore_sglang._entry`, which
-activates only where a model runner may be built). :func:`uninstall` removes the hook and restores
-every patched attribute exactly (the same objects; an attribute that was inherited is deleted
-again).
+activates only where a model runner may be built). :func:`uninstall` removes the hook and
+restores every patched attribute exactly (the same objects; an attribute that was inherited is
+deleted again).
 
-The package, one concept a module: :mod:`._state` (the installed state, the generation that
-keys every cached answer), :mod:`._machinery` (patching so that it can be put back exactly),
-:mod:`._identity` (a live backend's warcore name and context), :mod:`._answers` (warcore's
-answer for an instance, with its provenance), :mod:`._points` and :mod:`._owner` (the patched
-methods and property), :mod:`._ranks` (the core's rank check at scheduler start) and
-:mod:`._lifecycle` (install and uninstall).
+The package, read top-down (each module imports only those below it): :mod:`._lifecycle`
+(install, uninstall, the watched modules, the checkpoint), :mod:`._points` and :mod:`._owner`
+(the patched methods and property: sglang's own answer, warcore's, the bound), :mod:`._answers`
+(warcore's answer for an instance, bounded, with its provenance), :mod:`._identity` (a live
+backend's warcore name and context), :mod:`._shape` (the gate), :mod:`._ranks` (the rank check),
+:mod:`._meter` (the opt-in per-batch timing), :mod:`._machinery` (patching that can be put back
+exactly) and :mod:`._state` (the installed state, the generation every cache is keyed by).
 """
 
 from __future__ import annotations

@@ -17,7 +17,16 @@ from typing import Any
 from warcore import BoundaryContext
 
 from .. import _sglang
-from .._names import LEAVES, PREFIX, REGISTRY_CLASSES, SRT, WRAPPERS, warcore_name
+from .._names import (
+    LEAVES,
+    MAX_DEPTH,
+    PREFIX,
+    REGISTRY_CLASSES,
+    SRT,
+    TAG,
+    WRAPPERS,
+    warcore_name,
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,7 +56,7 @@ def _name_of_class(cls: type) -> str | None:
 
 
 def _name_of(backend: Any) -> str | None:
-    tag = getattr(backend, "__dict__", {}).get(_sglang.TAG)
+    tag = getattr(backend, "__dict__", {}).get(TAG)
     return tag if isinstance(tag, str) else _name_of_class(type(backend))
 
 
@@ -58,7 +67,7 @@ def _structure(backend: Any, flags: dict[str, Any], depth: int = 0) -> str | Non
     name = _name_of(backend)
     if name is None or name not in WRAPPERS:
         return name
-    if depth > _sglang.MAX_DEPTH:
+    if depth > MAX_DEPTH:
         return None
     shape = WRAPPERS[name]
     kids = shape.children_of(backend)
@@ -87,7 +96,7 @@ def _runner_algorithm(backend: Any, depth: int = 0) -> Any:
     """``model_runner.spec_algorithm`` of ``backend``, or of a child of a wrapper."""
     runner = getattr(backend, "__dict__", {}).get("model_runner")
     algo = getattr(runner, "spec_algorithm", None)
-    if algo is not None or depth > _sglang.MAX_DEPTH:
+    if algo is not None or depth > MAX_DEPTH:
         return algo
     name = _name_of(backend)
     if name in WRAPPERS:

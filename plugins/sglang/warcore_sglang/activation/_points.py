@@ -29,7 +29,7 @@ from warcore import ForwardMode
 from warcore.core import resolve_war_publish_phase
 
 from .. import _sglang
-from .._names import warcore_name
+from .._names import TAG, warcore_name
 from . import _state
 from ._answers import base_module, decide_ends, prefill_decision, prefill_opt_out
 from ._machinery import wrap
@@ -227,7 +227,7 @@ def make_builder(original: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(name, str) and _state.current is not None:
             with contextlib.suppress(Exception):
                 wname = warcore_name(name)
-                backend.__dict__[_sglang.TAG] = wname
+                backend.__dict__[TAG] = wname
                 if _sglang.class_ref(wname) is None:  # an sglang plugin's backend: learn its class
                     _sglang.learn(wname, type(backend))
                     _state.invalidate()
