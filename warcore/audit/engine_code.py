@@ -33,6 +33,7 @@ __all__ = [
     "audit_in_source",
     "calls",
     "digest",
+    "method_sources",
     "resolve",
     "signature",
 ]
@@ -186,11 +187,10 @@ def calls(function: Callable[..., Any], name: str) -> bool:
     )
 
 
-def assigns(cls: type, attr: str) -> set[str]:
-    """The methods ``cls`` itself defines that assign ``<something>.<attr>`` (their source,
-    searched as text: a comment that looks like one counts too, the safe side)."""
-    pattern = re.compile(rf"\.{attr}\s*(:[^=\n]*)?=(?!=)")
-    found: set[str] = set()
+def method_sources(cls: type) -> dict[str, str]:
+    """The source of each method ``cls`` itself defines (a property's getter, a class or static
+    method's function), by name: what :func:`assigns` and an integration's own checks search."""
+    out: dict[str, str] = {}
     for name, value in vars(cls).items():
         function = getattr(value, "fget", value)
         function = getattr(function, "__func__", function)
@@ -198,6 +198,13 @@ def assigns(cls: type, attr: str) -> set[str]:
         if code is None:
             continue
         lines = linecache.getlines(code.co_filename)
-        if lines and pattern.search(_block(lines, code.co_firstlineno)):
-            found.add(name)
-    return found
+        if lines:
+            out[name] = _block(lines, code.co_firstlineno)
+    return out
+
+
+def assigns(cls: type, attr: str) -> set[str]:
+    """The methods ``cls`` itself defines that assign ``<something>.<attr>`` (their source,
+    searched as text: a comment that looks like one counts too, the safe side)."""
+    pattern = re.compile(rf"\.{attr}\s*(:[^=\n]*)?=(?!=)")
+    return {name for name, text in method_sources(cls).items() if pattern.search(text)}

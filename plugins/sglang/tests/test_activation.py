@@ -31,13 +31,14 @@ def _sgl() -> Any:
     return SimpleNamespace(ends=SharedReadEnds, mode=SglMode)
 
 
-def _runner(planted: bool = True) -> Any:
+def _runner(planted: bool = True, **attrs: Any) -> Any:
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
     return bare(
         DecodeCudaGraphRunner,
         in_graph_metadata_prep_done=object() if planted else None,
         model_runner=SimpleNamespace(shared_read_done_event=None),
+        **attrs,
     )
 
 
@@ -163,11 +164,13 @@ def test_the_runners_answers_are_remembered_only_while_nothing_changed(
 
     monkeypatch.setattr(shared_read_event, "is_cuda", lambda: True)  # the platform check
     sgl = _sgl()
-    runner, dsv4 = _runner(planted=False), leaf("dsv4", algorithm("none"))
+    dsv4 = leaf("dsv4", algorithm("none"))
     decode = sgl.mode.DECODE
-    for _ in range(2):  # resolved, then remembered: the same answer
+    # a runner as sglang builds it: its own backend, set once, passed on every replay
+    runner = _runner(planted=False, attn_backend=dsv4, enable_pdmux=False)
+    for _ in range(2):  # resolved, then remembered by mode: the same answer
         assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.POST_REPLAY
-    assert vars(runner)["_warcore_sglang_fast"] == (dsv4, {decode: sgl.ends.POST_REPLAY})
+    assert vars(runner)["_warcore_sglang_fast"] == {decode: sgl.ends.POST_REPLAY}
     # the runner plants its in-graph event (sglang's own method, at capture): forgotten, and
     # the planted answer is sglang's IN_REPLAY
     runner.device_module = _Capturing()
@@ -175,23 +178,28 @@ def test_the_runners_answers_are_remembered_only_while_nothing_changed(
     assert runner.in_graph_metadata_prep_done is not None
     for _ in range(2):
         assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
-    # another backend on the same runner (pdmux): its own answer, not the last one
-    trt = leaf("trtllm_mha", algorithm("none"))
-    installed.register(Declares("sglang_trtllm_mha", W.DECODE, SharedReadBoundary.UNKNOWN), "u")
-    assert runner._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
-    assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
     # a plugin registered: every remembered answer is forgotten at once
     installed.register(Declares("sglang_dsv4", W.DECODE, SharedReadBoundary.POST_REPLAY), "late")
     assert "_warcore_sglang_fast" not in vars(runner)
     assert runner._resolve_shared_read_ends(dsv4, decode) is sgl.ends.POST_REPLAY
+    installed.unregister(name="late")
+    # a pdmux runner replays several backends: no by-mode answers, each backend its own
+    trt = leaf("trtllm_mha", algorithm("none"))
+    installed.register(Declares("sglang_trtllm_mha", W.DECODE, SharedReadBoundary.UNKNOWN), "u")
+    pdmux = _runner(attn_backend=dsv4, enable_pdmux=True)
+    for _ in range(2):
+        assert pdmux._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
+        assert pdmux._resolve_shared_read_ends(dsv4, decode) is sgl.ends.IN_REPLAY
+    assert "_warcore_sglang_fast" not in vars(pdmux)
     # an UNKNOWN clears the mailbox on every replay, remembered or not
     for _ in range(2):
-        runner.model_runner.shared_read_done_event = "stale"
-        assert runner._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
-        assert runner.model_runner.shared_read_done_event is None
+        pdmux.model_runner.shared_read_done_event = "stale"
+        assert pdmux._resolve_shared_read_ends(trt, decode) is sgl.ends.UNKNOWN
+        assert pdmux.model_runner.shared_read_done_event is None
     warcore_sglang.uninstall()
-    assert "_warcore_sglang_fast" not in vars(runner)
-    assert "_warcore_sglang_table" not in vars(runner)
+    for holder in (runner, pdmux):
+        assert "_warcore_sglang_fast" not in vars(holder)
+        assert "_warcore_sglang_table" not in vars(holder)
 
 
 def test_an_earlier_declaration_is_a_conflict_and_the_later_stands(installed: Any) -> None:

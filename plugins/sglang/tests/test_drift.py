@@ -254,10 +254,12 @@ class _FiveEnds(Enum):
 def test_a_new_shared_read_ends_member_is_refused_or_bounded(
     monkeypatch: pytest.MonkeyPatch, pm: Any
 ) -> None:
+    from _cells import backends
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
     sgl = _sgl()
     warcore_sglang._sglang.api()  # warcore-sglang's view of sglang, taken before the change
+    backends(algorithm("none"))  # every backend module imported with sglang's own enum
     monkeypatch.setattr(sgl.base, "SharedReadEnds", _FiveEnds)
     _refused("SharedReadEnds members")
 

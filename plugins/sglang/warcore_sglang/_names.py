@@ -87,6 +87,7 @@ AUDITED: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
                 "(self)",
                 "6ca78dcdd53714be",
             ),
+            "DecodeCudaGraphRunner._replay_attn_backend": ("(self)", "d9de93226d5b51cd"),
         },
         "model_executor.runner_utils.shared_read_event": {
             "maybe_publish_prefill_shared_read_done": (

@@ -5,8 +5,9 @@ replay: sglang 0.5.23 calls ``_resolve_shared_read_ends(attn_backend, mode)``, w
 backend's ``shared_read_ends(mode)`` (through ``super()`` for ``trtllm_mha``). With warcore-sglang
 installed the same method answers from the runner's remembered answers (one identity test, one
 dict lookup; sglang's own answer and warcore's are bounded once, on the first call). This
-measures both, in one run, on the same objects: a bare ``DecodeCudaGraphRunner`` with an
-in-graph event and bare backends (``object.__new__``, the attributes the methods read).
+measures both, in one run, on the same objects: a bare ``DecodeCudaGraphRunner`` per case
+holding what sglang's constructor and capture leave (its backend, no pdmux, a planted in-graph
+event) and bare backends (``object.__new__``, the attributes the methods read).
 
 The floor, measured in the same run: the same call on a bare runner of a subclass whose
 ``_resolve_shared_read_ends`` is an empty Python method (``return forward_mode``). Nothing
@@ -74,44 +75,54 @@ def _best(call: Any, calls: int, repeat: int) -> float:
     return min(timeit.repeat(call, number=calls, repeat=repeat)) / calls * 1e9
 
 
-def _runners() -> tuple[Any, Any]:
-    """(sglang's decode runner, bare with a planted in-graph event; a runner whose
-    ``_resolve_shared_read_ends`` is an empty method: the floor of any Python answer)."""
+def _runner_classes() -> tuple[type, type]:
+    """(sglang's decode runner; a subclass whose ``_resolve_shared_read_ends`` is an empty
+    method: the floor of any Python answer)."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-
-    runner: Any = object.__new__(DecodeCudaGraphRunner)
-    runner.in_graph_metadata_prep_done = object()  # a planted in-graph event
-    runner.model_runner = SimpleNamespace(shared_read_done_event=None)
 
     class FloorRunner(DecodeCudaGraphRunner):  # type: ignore[misc]
         def _resolve_shared_read_ends(self, attn_backend: Any, forward_mode: Any) -> Any:
             return forward_mode
 
-    return runner, object.__new__(FloorRunner)
+    return DecodeCudaGraphRunner, FloorRunner
 
 
-def _timed(runner: Any, case: tuple[str, Any, Any], calls: int) -> tuple[float, Any]:
-    """(ns per call of ``runner._resolve_shared_read_ends`` for one case, in one timing run,
-    its answer); a first call (which resolves and fills the caches) is not timed."""
+def _runner(cls: type, backend: Any) -> Any:
+    """A bare runner holding what sglang's constructor and capture leave that resolution reads:
+    its backend (set once; no pdmux), a planted in-graph event, its model runner's mailbox."""
+    runner: Any = object.__new__(cls)
+    runner.attn_backend = backend
+    runner.enable_pdmux = False
+    runner.in_graph_metadata_prep_done = object()
+    runner.model_runner = SimpleNamespace(shared_read_done_event=None)
+    return runner
+
+
+def _timed(cls: type, case: tuple[str, Any, Any], calls: int) -> tuple[float, Any]:
+    """(ns per call of ``_resolve_shared_read_ends`` on a fresh runner of ``cls`` for one case,
+    in one timing run, its answer); a first call (which resolves and fills the caches) is not
+    timed."""
     _, backend, mode = case
+    runner = _runner(cls, backend)
     answer = runner._resolve_shared_read_ends(backend, mode)
     ns = _best(lambda: runner._resolve_shared_read_ends(backend, mode), calls, 1)
     return ns, answer
 
 
-def _rounds(runner: Any, floor_runner: Any, cases: list[Any], calls: int, repeat: int) -> Any:
+def _rounds(cases: list[Any], calls: int, repeat: int) -> Any:
     """``repeat`` rounds, each timing the floor, sglang's own and warcore's of every case one
     after the other (installing and uninstalling around warcore's), so that a machine that
     gets busier or quieter moves all three alike; the best of each is kept."""
     import warcore_sglang
 
+    sglang_cls, floor_cls = _runner_classes()
     best: dict[str, list[tuple[float, Any]]] = {"floor": [], "own": [], "ours": []}
     for _ in range(repeat):
-        floor = [_timed(floor_runner, case, calls) for case in cases]
-        own = [_timed(runner, case, calls) for case in cases]
+        floor = [_timed(floor_cls, case, calls) for case in cases]
+        own = [_timed(sglang_cls, case, calls) for case in cases]
         warcore_sglang.install()
         try:
-            ours = [_timed(runner, case, calls) for case in cases]
+            ours = [_timed(sglang_cls, case, calls) for case in cases]
         finally:
             warcore_sglang.uninstall()
         for key, got in (("floor", floor), ("own", own), ("ours", ours)):
@@ -148,9 +159,8 @@ def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
 
     if warcore_sglang.is_installed():
         raise RuntimeError("uninstall warcore-sglang first: sglang's own code is measured first")
-    runner, floor_runner = _runners()
     cases = _cases()
-    floors, own, ours = _rounds(runner, floor_runner, cases, calls, repeat)
+    floors, own, ours = _rounds(cases, calls, repeat)
     floors = [ns for ns, _ in floors]
     labels = [label for label, _, _ in cases]
     results = [_row(*row) for row in zip(labels, own, ours, floors, strict=True)]

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from warcore.audit import engine_code
 from warcore.core import get_plugin_manager
 
 from .. import _sglang
@@ -84,19 +83,6 @@ def _worker_gate(cls: type) -> None:
     )
 
 
-def _no_writer_of_the_marker(cls: type) -> None:
-    """A decode runner's remembered answers are forgotten where its in-graph event is planted
-    (:func:`~._points.make_record_marker`): no other method may set it."""
-    if cls.__name__ == "DecodeCudaGraphRunner":
-        return  # the base: checked with its module
-    writers = engine_code.assigns(cls, "in_graph_metadata_prep_done")
-    if writers:
-        raise _shape.ShapeMismatch(
-            f"{cls.__qualname__}.in_graph_metadata_prep_done",
-            f"assigned in {sorted(writers)} (audited: only DecodeCudaGraphRunner sets it)",
-        )
-
-
 # -- what each watched module gets -----------------------------------------------------------
 
 
@@ -129,7 +115,7 @@ def _on_spec_registry(module: ModuleType) -> None:
 def _on_decode_runner(module: ModuleType) -> None:
     _gate(module)
     runner = module.DecodeCudaGraphRunner
-    on_subclasses(runner, "in_graph_metadata_prep_done", _no_writer_of_the_marker)
+    on_subclasses(runner, "runner shape", _shape.check_runner_class)
     patch_tree(runner, "_resolve_shared_read_ends", _point(make_resolve_decode))
     patch_tree(runner, "_record_in_graph_metadata_prep_done", make_record_marker)
 

@@ -147,15 +147,14 @@ def make_supports_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def make_resolve_decode(original: Callable[..., Any]) -> Callable[..., Any]:
     def _resolve_shared_read_ends(self: Any, attn_backend: Any, forward_mode: Any) -> Any:
-        # The runner's answers for its last backend: one identity test, one dict lookup (an
-        # UNKNOWN is never there: it clears the mailbox on every replay).
+        # The runner's answers for its own backend, by mode: one dict lookup. Only a runner
+        # that always passes its own backend has them (not pdmux; the gate checks that sglang
+        # sets the backend once and passes it: _shape.check_runner_class). An UNKNOWN is never
+        # there: it clears the mailbox on every replay.
         try:
-            backend, table = self._warcore_sglang_fast
-            if backend is attn_backend:
-                return table[forward_mode]
-        except (AttributeError, KeyError, TypeError, ValueError):
-            pass
-        return _decode(self, attn_backend, forward_mode, original)
+            return self._warcore_sglang_fast[forward_mode]
+        except (AttributeError, KeyError):
+            return _decode(self, attn_backend, forward_mode, original)
 
     return wrap(_resolve_shared_read_ends, original)
 
@@ -164,7 +163,7 @@ def _decode(runner: Any, backend: Any, mode: Any, original: Callable[..., Any]) 
     if _state.current is None or _sglang.in_tree_active():
         return original(runner, backend, mode)
     unknown = base_module().SharedReadEnds.UNKNOWN
-    table = runner.__dict__.get(TABLE)
+    table = getattr(runner, TABLE, None)
     ends = table.get(backend, {}).get(mode) if table is not None else None
     if ends is None:
         gen = _state.gen
@@ -182,18 +181,25 @@ def _decode(runner: Any, backend: Any, mode: Any, original: Callable[..., Any]) 
 
 
 def _remember(runner: Any, backend: Any, mode: Any, ends: Any, gen: int) -> None:
+    # getattr and setattr, never the instance's __dict__: reading it turns the object's
+    # attributes into a plain dict, and every attribute read on the replay path gets slower
     unknown = base_module().SharedReadEnds.UNKNOWN
     with _state.lock:
         if gen != _state.gen:
             return
         try:
             CACHED.add(runner)  # invalidation must be able to find it: no weakref, no cache
-            per = runner.__dict__.setdefault(TABLE, {}).setdefault(backend, {})
         except TypeError:
             return
+        table = getattr(runner, TABLE, None)
+        if table is None:
+            table = {}
+            setattr(runner, TABLE, table)
+        per = table.setdefault(backend, {})
         per[mode] = ends
-        fast = {m: e for m, e in per.items() if e is not unknown}
-        runner.__dict__[FAST] = (backend, fast)
+        own_backend = getattr(runner, "attn_backend", None)
+        if backend is own_backend and not getattr(runner, "enable_pdmux", False):
+            setattr(runner, FAST, {m: e for m, e in per.items() if e is not unknown})
 
 
 def _clear(runner: Any) -> None:
@@ -211,8 +217,7 @@ def make_record_marker(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(self, *args, **kwargs)
         finally:
-            for key in (FAST, TABLE):
-                self.__dict__.pop(key, None)
+            _state.forget(self, (FAST, TABLE))
 
     return wrap(_record_in_graph_metadata_prep_done, original)
 

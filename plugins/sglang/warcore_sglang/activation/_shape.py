@@ -17,6 +17,7 @@ nothing here changes sglang.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -27,6 +28,7 @@ from warcore.audit.engine_code import (
     audit_in_source,
     calls,
     digest,
+    method_sources,
     resolve,
     signature,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "ShapeMismatch",
     "audit_table",
     "check_audited",
+    "check_runner_class",
 ]
 
 _ENDS = {"PRE_REPLAY": 1, "IN_REPLAY": 2, "POST_REPLAY": 3, "UNKNOWN": 4}
@@ -102,13 +105,45 @@ def _check_decode_runner(module: ModuleType) -> None:
         "DecodeCudaGraphRunner.execute",
         "no longer calls self._resolve_shared_read_ends(...)",
     )
-    writers = assigns(runner, "in_graph_metadata_prep_done")
-    audited = {"__init__", "_record_in_graph_metadata_prep_done"}
+    check_runner_class(runner)
+
+
+_RESOLVE_CALL = re.compile(r"(?<!def )_resolve_shared_read_ends\(")
+_RESOLVE_OWN_BACKEND = re.compile(r"_resolve_shared_read_ends\(\s*self\._replay_attn_backend\(\)")
+
+
+def check_runner_class(cls: type) -> None:
+    """What the patched decode resolution relies on in the decode runner and each subclass (the
+    runner remembers its answers by mode alone): only sglang's own two methods plant the
+    in-graph marker; ``attn_backend`` and ``enable_pdmux`` are set in ``__init__`` only; every
+    call of ``_resolve_shared_read_ends`` passes ``self._replay_attn_backend()``, which no
+    subclass redefines."""
+    base = cls.__name__ == "DecodeCudaGraphRunner"
+    marker = {"__init__", "_record_in_graph_metadata_prep_done"} if base else set()
+    found = assigns(cls, "in_graph_metadata_prep_done")
     _require(
-        writers == audited,
-        "DecodeCudaGraphRunner.in_graph_metadata_prep_done",
-        f"assigned in {sorted(writers)}, audited {sorted(audited)}",
+        found == marker,
+        f"{cls.__qualname__}.in_graph_metadata_prep_done",
+        f"assigned in {sorted(found)} (audited: only DecodeCudaGraphRunner's {sorted(marker)})",
     )
+    for attr in ("attn_backend", "enable_pdmux"):
+        found = assigns(cls, attr)
+        _require(
+            found <= {"__init__"},
+            f"{cls.__qualname__}.{attr}",
+            f"assigned in {sorted(found)} (audited: in __init__ only)",
+        )
+    _require(
+        base or "_replay_attn_backend" not in vars(cls),
+        f"{cls.__qualname__}._replay_attn_backend",
+        "redefined (audited: DecodeCudaGraphRunner's own)",
+    )
+    for name, text in method_sources(cls).items():
+        _require(
+            len(_RESOLVE_CALL.findall(text)) == len(_RESOLVE_OWN_BACKEND.findall(text)),
+            f"{cls.__qualname__}.{name}",
+            "calls _resolve_shared_read_ends with another backend than self._replay_attn_backend()",
+        )
 
 
 def _check_model_runner(module: ModuleType) -> None:
