@@ -12,6 +12,7 @@ branch's shape, with its number), restored after the test, then shows two things
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -439,6 +440,8 @@ def test_a_class_defined_later_that_fails_its_check_takes_the_activation_off(
 
     assert ReplantingRunner.__name__ == "ReplantingRunner"  # sglang's class statement stands
     assert not warcore_sglang.is_installed()
+    del ReplantingRunner  # a subclass alive later would fail every later install's gate
+    gc.collect()
     lines = [r.getMessage() for r in caplog.records]
     assert any(
         "ReplantingRunner.in_graph_metadata_prep_done" in m and "warcore taken off" in m
