@@ -22,6 +22,7 @@ from warcore.audit.ranks import (
     DEFAULT_TIMEOUT_S,
     RankCheckTimeout,
     RankDisagreementError,
+    cell_of,
     check_ranks_agree,
     decisions,
     fingerprint,
@@ -66,16 +67,18 @@ def _worker(rank: int, store: str, out: str, extra: str, cells: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         pm = WarcorePluginManager()  # builtins only: the test controls the plugin set
-        if rank == 1 and extra:
+        if rank == 1 and extra in ("later", "same"):
             pm.register({"later": LaterDecode(), "same": SameAnswer()}[extra], name="wctest_extra")
+        facts = {"integration": f"off on rank {rank}" if extra == "fact" else "on"}
         chosen = CELLS if cells == "few" else None
         try:
-            report = check_ranks_agree(cells=chosen, pm=pm)
+            report = check_ranks_agree(cells=chosen, pm=pm, facts=facts)
             result: dict[str, Any] = {"agree": report.agree, "fingerprints": report.fingerprints}
         except RankDisagreementError as exc:
             result = {
                 "error": str(exc),
                 "differing": exc.report.differing,
+                "cells": sorted(exc.report.differing_cells()),
                 "reference": exc.report.reference_rank,
             }
         Path(out, f"rank{rank}.json").write_text(json.dumps(result, default=str))
@@ -106,6 +109,19 @@ def test_an_extra_plugin_on_rank_1_is_named_with_the_cells_it_changes(tmp_path: 
         assert "boundary=POST_REPLAY record=post_replay" in message  # rank 1
         assert "plugin:wctest_extra" in message  # rank 1's provenance names the plugin
         assert "plugins on rank 1:" in message and "wctest_extra=" in message
+
+
+def test_a_fact_that_differs_is_named_like_a_cell(tmp_path: Path) -> None:
+    results = _run(tmp_path, "fact")
+    for result in results:
+        assert result["cells"] == ["integration"], result
+        assert "integration: rank 0 off on rank 0 [-]; rank 1 off on rank 1 [-]" in result["error"]
+    assert cell_of("integration") is None
+    assert cell_of("backend 'hybrid', mode DECODE, algorithm 'none'") == (
+        "hybrid",
+        ForwardMode.DECODE,
+        "none",
+    )
 
 
 def test_equal_plugin_sets_pass(tmp_path: Path) -> None:

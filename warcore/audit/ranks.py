@@ -33,9 +33,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,6 +56,7 @@ __all__ = [
     "RankCheckTimeout",
     "RankDisagreementError",
     "RankReport",
+    "cell_of",
     "check_ranks_agree",
     "decisions",
     "fingerprint",
@@ -113,6 +115,10 @@ class RankReport:
     def agree(self) -> bool:
         return not self.differing
 
+    def differing_cells(self) -> set[str]:
+        """Every cell (or fact) some rank decides differently from the reference rank."""
+        return {key for keys in self.differing.values() for key in keys}
+
 
 def _rows(pm: WarcorePluginManager, cells: Iterable[Cell] | None) -> list[MatrixRow]:
     if cells is None:
@@ -123,6 +129,19 @@ def _rows(pm: WarcorePluginManager, cells: Iterable[Cell] | None) -> list[Matrix
         _row(pm, cache, backend, ForwardMode.parse(mode), context, facts)
         for backend, mode, context in cells
     ]
+
+
+_KEY = re.compile(
+    r"^backend '(?P<backend>[^']*)', mode (?P<mode>\w+), algorithm '(?P<algorithm>[^']*)'"
+)
+
+
+def cell_of(key: str) -> tuple[str, ForwardMode, str] | None:
+    """(backend, mode, algorithm) of a cell key :func:`decisions` made; ``None`` for a fact."""
+    found = _KEY.match(key)
+    if found is None:
+        return None
+    return found["backend"], ForwardMode.parse(found["mode"]), found["algorithm"]
 
 
 def _key(row: MatrixRow) -> str:
@@ -184,6 +203,7 @@ def check_ranks_agree(
     pm: WarcorePluginManager | None = None,
     raise_on_mismatch: bool = True,
     timeout: float = DEFAULT_TIMEOUT_S,
+    facts: Mapping[str, str] | None = None,
 ) -> RankReport:
     """Gather every rank's decisions over ``group`` (default: the world) and compare.
 
@@ -193,8 +213,10 @@ def check_ranks_agree(
     differing cells (both decisions, with provenance) and each rank's plugins, and raises
     :class:`RankDisagreementError` unless ``raise_on_mismatch`` is false. Raises
     :class:`RankCheckTimeout` when a rank of ``group`` has not answered within ``timeout``
-    seconds (default :data:`DEFAULT_TIMEOUT_S`). Needs ``torch.distributed`` initialised, with
-    any backend: the answers travel through the process group's key-value store (the one
+    seconds (default :data:`DEFAULT_TIMEOUT_S`). ``facts`` are compared like decisions, under
+    their own keys: what an integration knows of the rank besides the cells (warcore-sglang:
+    whether its activation is on). Needs ``torch.distributed`` initialised, with any backend:
+    the answers travel through the process group's key-value store (the one
     ``init_process_group`` made: TCP or file), not through a collective.
     """
     import torch.distributed as dist
@@ -208,6 +230,8 @@ def check_ranks_agree(
             "check_ranks_agree needs torch.distributed initialised (init_process_group)"
         )
     payload = _payload(pm if pm is not None else get_plugin_manager(), cells, dist.get_rank())
+    payload["decisions"].update(facts or {})
+    payload["fingerprint"] = _digest(payload["decisions"])
     world = dist.get_world_size(group)
     ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
     gathered = _exchange(payload, dist.get_rank(), ranks, timeout)

@@ -50,6 +50,7 @@ __all__ = [
     "free_port",
     "parse_engine_args",
     "run_engine",
+    "run_refused_engine",
     "stop_tree",
     "tagged",
     "two_waves",
@@ -333,20 +334,15 @@ def _tail(path: Path, lines: int = 40) -> str:
     return ""
 
 
-def run_engine(
+def _spawn(
     engine_args: dict[str, Any],
     waves: list[list[Request]],
-    *,
-    env: dict[str, str] | None = None,
-    timeout: float = 300.0,
+    env: dict[str, str] | None,
     workdir: str | os.PathLike[str],
-    name: str = "engine",
-    python: str | None = None,
-) -> dict[str, Any]:
-    """Run the waves on ``sglang.Engine(**engine_args)`` in a child process; returns its
-    result: ``tokens`` (rid -> output ids), ``startup_s`` (the ``Engine`` constructor),
-    ``scheduler_startup_s`` (the scheduler child's life until the engine was ready),
-    ``wave_s``, the pids, and ``log`` (the path of its stdout and stderr)."""
+    name: str,
+    python: str | None,
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """The child of :func:`run_engine`, started: (its process, its result file, its log)."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     spec = work / f"{name}.spec.json"
@@ -370,23 +366,92 @@ def run_engine(
             env={**os.environ, **(env or {})},
             cwd=str(work),
         )
-        known: list[int] = []
-        try:
-            deadline = time.monotonic() + timeout
-            while child.poll() is None and time.monotonic() < deadline:
-                known = sorted({*known, *(p.pid for p in _tree(child.pid)[1:])})
-                time.sleep(0.5)
-            if child.poll() is None:
-                raise ServerError(
-                    f"{name}: no result within {timeout:.0f} s; log {log}:\n{_tail(log)}"
-                )
-        finally:
-            stop_tree(child.pid, known=known)
+    return child, out, log
+
+
+def _watch(child: subprocess.Popen[bytes], deadline: float, known: list[int]) -> bool:
+    """Wait for ``child`` until ``deadline`` (monotonic), noting every pid of its tree in
+    ``known``; whether it exited."""
+    while child.poll() is None and time.monotonic() < deadline:
+        known[:] = sorted({*known, *(p.pid for p in _tree(child.pid)[1:])})
+        time.sleep(0.5)
+    return child.poll() is not None
+
+
+def run_engine(
+    engine_args: dict[str, Any],
+    waves: list[list[Request]],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 300.0,
+    workdir: str | os.PathLike[str],
+    name: str = "engine",
+    python: str | None = None,
+) -> dict[str, Any]:
+    """Run the waves on ``sglang.Engine(**engine_args)`` in a child process; returns its
+    result: ``tokens`` (rid -> output ids), ``startup_s`` (the ``Engine`` constructor),
+    ``scheduler_startup_s`` (the scheduler child's life until the engine was ready),
+    ``wave_s``, the pids, and ``log`` (the path of its stdout and stderr)."""
+    child, out, log = _spawn(engine_args, waves, env, workdir, name, python)
+    known: list[int] = []
+    try:
+        if not _watch(child, time.monotonic() + timeout, known):
+            raise ServerError(f"{name}: no result within {timeout:.0f} s; log {log}:\n{_tail(log)}")
+    finally:
+        stop_tree(child.pid, known=known)
     if child.returncode != 0 or not out.is_file():
         raise ServerError(f"{name}: exited {child.returncode}; log {log}:\n{_tail(log)}")
     result: dict[str, Any] = json.loads(out.read_text())
     result["log"] = str(log)
     return result
+
+
+def run_refused_engine(
+    engine_args: dict[str, Any],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 300.0,
+    grace: float = 30.0,
+    workdir: str | os.PathLike[str],
+    name: str = "engine",
+) -> dict[str, Any]:
+    """Start ``sglang.Engine(**engine_args)`` in a child process expecting its start-up to
+    fail: returns ``returncode``, ``seconds`` (until the child exited by itself), ``leftover``
+    (the pids of its process tree still alive ``grace`` seconds later, then stopped: a process
+    a failed start-up left hanging) and ``log``. Raises :class:`ServerError` when the child did
+    not exit within ``timeout`` or started serving."""
+    started = time.monotonic()
+    child, out, log = _spawn(engine_args, [], env, workdir, name, None)
+    known: list[int] = []
+    try:
+        if not _watch(child, started + timeout, known):
+            raise ServerError(f"{name}: still starting after {timeout:.0f} s; log {log}")
+        seconds = time.monotonic() - started
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(_alive(pid) for pid in known):
+            time.sleep(0.5)
+        leftover = [pid for pid in known if _alive(pid)]
+    finally:
+        stop_tree(child.pid, known=known)
+    if child.returncode == 0 or out.is_file():
+        raise ServerError(f"{name}: started and served; log {log}")
+    return {
+        "returncode": child.returncode,
+        "seconds": seconds,
+        "leftover": leftover,
+        "pids": known,
+        "log": str(log),
+    }
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def _engine_child(spec_path: str) -> None:

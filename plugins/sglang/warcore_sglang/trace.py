@@ -19,9 +19,9 @@ lines to FILE, one write per line (``O_APPEND``: processes share the file):
 * ``poison`` (with ``WARCORE_SGLANG_SANITIZE``): each publish the sanitizer poisoned
   (:mod:`warcore_sglang.sanitize`).
 
-``python -m warcore_sglang.trace FILE`` summarises a trace like ``warcore run``'s report:
+``python -m warcore_sglang.trace FILE...`` summarises a trace like ``warcore run``'s report:
 forward mode x record point x branch x provenance, with counts, and the fine and coarse
-barriers per scheduler.
+barriers per scheduler; and compares the ranks batch by batch (:mod:`warcore_sglang.trace_ranks`).
 """
 
 from __future__ import annotations
@@ -500,24 +500,40 @@ def format_summary(summary: Summary) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m warcore_sglang.trace",
-        description="Summarise a warcore-sglang trace (written with WARCORE_SGLANG_TRACE=FILE).",
+        description="Summarise a warcore-sglang trace (written with WARCORE_SGLANG_TRACE=FILE) "
+        "and compare its ranks batch by batch: the ranks of one pipeline stage and data "
+        "parallel group must take the same record point and barrier on every batch. Give one "
+        "file every rank wrote, or one per node. Exit 0: the ranks agree; 1: a batch was "
+        "decided differently; 2: a file is not a trace.",
     )
-    parser.add_argument("file", help="the trace file")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="trace file(s)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
-    path = Path(args.file)
-    if not path.is_file():
-        parser.error(f"{path}: no such trace file")
+    for path in map(Path, args.files):
+        if not path.is_file():
+            parser.error(f"{path}: no such trace file")
     try:
-        summary = summarise(read_trace(path), str(path))
+        traces = [read_trace(path) for path in args.files]
     except TraceError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
+    from .trace_ranks import compare_ranks
+
+    summary = summarise([r for t in traces for r in t], ", ".join(args.files))
+    ranks = compare_ranks(traces)
     if args.json:
-        print(json.dumps(summary.as_dict(), indent=2))
+        doc = summary.as_dict()
+        doc["ranks"] = {
+            "agree": ranks.agree,
+            "groups": [g.__dict__ | {"modes": dict(g.modes)} for g in ranks.groups],
+            "divergences": [d.__dict__ for d in ranks.divergences],
+        }
+        print(json.dumps(doc, indent=2, default=str))
     else:
         print(format_summary(summary))
-    return 0
+        print("  ranks compared batch by batch")
+        print("\n".join(ranks.lines()))
+    return 0 if ranks.agree else 1
 
 
 if __name__ == "__main__":

@@ -55,6 +55,16 @@ class Config:
     http: bool = False
     sanitize: bool = False
     """Run the waves plain, then again tagged (the sanitizer poisons the tagged batches)."""
+    tp: int = 1
+    """Tensor-parallel ranks: one scheduler process each (CPU: one core each, bound)."""
+    refused: bool = False
+    """Its start-up must fail (``serving.run_refused_engine``): no waves are served."""
+
+
+RANK_TIMEOUT = "WARCORE_SGLANG_CHECK_RANKS_TIMEOUT"
+RANK_TIMEOUT_S = 20.0
+ACTIVE = {"WARCORE_SGLANG": "1"}
+CHECK = {**ACTIVE, "WARCORE_SGLANG_CHECK_RANKS": "1"}
 
 
 CONFIGS = {
@@ -88,6 +98,52 @@ CONFIGS = {
             "fork_native",
             {"WARCORE_SGLANG": "1", "WARCORE_PLUGINS": "sglang", "WARCORE_FORCE_COARSE": "1"},
         ),
+        # two tensor-parallel ranks (issue 28): sglang alone; warcore with the rank check, over
+        # the Engine API and over HTTP; refused for a rank-dependent plugin, for one raising on
+        # one rank, for a rank that dies and for one that hangs before the check; served
+        # coarse where they differ under warn; a real per-rank divergence, unchecked, for the
+        # trace comparison
+        Config("tp2_alone", "fork_native", {}, tp=2),
+        Config("tp2_engine", "fork_native", {**CHECK, "WARCORE_PLUGINS": "sglang"}, tp=2),
+        Config("tp2_http", "fork_native", {**CHECK, "WARCORE_PLUGINS": "sglang"}, http=True, tp=2),
+        Config(
+            "tp2_by_rank",
+            "fork_native",
+            {**CHECK, "WARCORE_PLUGINS": "sglang,by_rank"},
+            tp=2,
+            refused=True,
+        ),
+        Config(
+            "tp2_rank_raiser",
+            "fork_native",
+            {**CHECK, "WARCORE_PLUGINS": "sglang,rank_raiser"},
+            tp=2,
+            refused=True,
+        ),
+        Config(
+            "tp2_dying",
+            "fork_native",
+            {**CHECK, "WARCORE_PLUGINS": "sglang,rank_one", "WCTEST_RANK_ONE": "exit"},
+            tp=2,
+            refused=True,
+        ),
+        Config(
+            "tp2_stalled",
+            "fork_native",
+            {**CHECK, "WARCORE_PLUGINS": "sglang,rank_one", "WCTEST_RANK_ONE": "hang"}
+            | {RANK_TIMEOUT: str(RANK_TIMEOUT_S)},
+            tp=2,
+            refused=True,
+        ),
+        Config(
+            "tp2_warn",
+            "fork_native",
+            {**ACTIVE, "WARCORE_SGLANG_CHECK_RANKS": "warn", "WARCORE_PLUGINS": "sglang,by_rank"},
+            tp=2,
+        ),
+        Config(
+            "tp2_divergent", "fork_native", {**ACTIVE, "WARCORE_PLUGINS": "sglang,by_rank"}, tp=2
+        ),
     )
 }
 
@@ -118,9 +174,14 @@ class Run:
 
     def scheduler(self) -> dict[str, Any]:
         """The process record of the (one) scheduler child."""
-        found = [r for r in self.kind("process") if r["role"] == "scheduler"]
+        found = self.schedulers()
         assert len(found) == 1, (found, self.log_tail())
         return found[0]
+
+    def schedulers(self) -> list[dict[str, Any]]:
+        """The process records of the scheduler children, by tensor-parallel rank."""
+        found = [r for r in self.kind("process") if r["role"] == "scheduler"]
+        return sorted(found, key=lambda r: r["rank"].get("tp") or 0)
 
     def plain(self) -> dict[str, list[int]]:
         return {k: v for k, v in self.tokens.items() if not k.startswith(sanitize.TAG)}
@@ -139,8 +200,11 @@ def _env(config: Config, trace_path: Path) -> dict[str, str]:
     env = {**serving.cpu_env(), **COMMON, **config.env, trace.ENV_TRACE: str(trace_path)}
     if config.sanitize:
         env[sanitize.ENV_SANITIZE] = "tagged"
+    if config.tp > 1:  # sglang's CPU path binds each rank to cores: one core each here
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(r % 2) for r in range(config.tp))
     for var in ("WARCORE_SGLANG", "WARCORE_PLUGINS", "WARCORE_FORCE_COARSE"):
         env.setdefault(var, "")  # nothing leaks in from the environment the tests run in
+    env.setdefault("WARCORE_SGLANG_CHECK_RANKS", "")
     return env
 
 
@@ -151,8 +215,20 @@ def _run(config: Config, model: Path, work: Path) -> Run:
     env = _env(config, trace_path)
     waves = [*WAVES, *TAGGED] if config.sanitize else WAVES
     start = time.monotonic()
+    args = {"attention_backend": config.backend, "tp_size": config.tp}
+    if config.refused:
+        result = serving.run_refused_engine(
+            serving.cpu_engine_args(model, **args),
+            env=env,
+            timeout=TIMEOUT,
+            workdir=work,
+            name=config.name,
+        )
+        records = trace.read_trace(trace_path) if trace_path.exists() else []
+        elapsed = time.monotonic() - start
+        return Run(config, {}, records, result["log"], trace_path, elapsed, result)
     if config.http:
-        argv = serving.cpu_server_argv(model, attention_backend=config.backend)
+        argv = serving.cpu_server_argv(model, **args)
         server = serving.HttpServer(argv, env=env, workdir=work, name=config.name)
         with server.start(timeout=TIMEOUT):
             tokens: dict[str, list[int]] = {}
@@ -162,7 +238,7 @@ def _run(config: Config, model: Path, work: Path) -> Run:
         log = str(server.log)
     else:
         result = serving.run_engine(
-            serving.cpu_engine_args(model, attention_backend=config.backend),
+            serving.cpu_engine_args(model, **args),
             waves,
             env=env,
             timeout=TIMEOUT,
@@ -181,6 +257,11 @@ def _run(config: Config, model: Path, work: Path) -> Run:
     )
 
 
+ONLY = [n for n in os.environ.get("WARCORE_SGLANG_SERVERS", "").split(",") if n.strip()]
+"""``WARCORE_SGLANG_SERVERS=a,b``: start only these configurations (while working on their
+tests); the tests of the others skip. Unset: all of them."""
+
+
 class Servers:
     """The configurations, started in the background, each awaited by the tests using it."""
 
@@ -188,12 +269,18 @@ class Servers:
         self.root = root
         self.model = serving.write_tiny_model(root / "model")
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL)
+        unknown = [n for n in ONLY if n not in CONFIGS]
+        if unknown:
+            raise pytest.UsageError(f"WARCORE_SGLANG_SERVERS names no configuration {unknown}")
         self.futures = {
             name: self.pool.submit(_run, config, self.model, root / name)
             for name, config in CONFIGS.items()
+            if not ONLY or name in ONLY
         }
 
     def __getitem__(self, name: str) -> Run:
+        if name not in self.futures:
+            pytest.skip(f"{name} not started (WARCORE_SGLANG_SERVERS={','.join(ONLY)})")
         return self.futures[name].result(timeout=TIMEOUT * len(CONFIGS))
 
     def close(self) -> None:

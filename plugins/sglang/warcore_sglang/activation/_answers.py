@@ -40,11 +40,17 @@ def base_module() -> Any:
     return sys.modules[SRT + "layers.attention.base_attn_backend"]
 
 
-def _closed(mode: ForwardMode, ctx: BoundaryContext, pm: WarcorePluginManager) -> str | None:
-    """Why warcore keeps the coarse fence for ``mode`` under ``ctx`` whatever is declared
-    (force-coarse, a veto, not the publish phase), or ``None``."""
+def _closed(
+    name: str | None, mode: ForwardMode, ctx: BoundaryContext, pm: WarcorePluginManager
+) -> str | None:
+    """Why warcore keeps the coarse fence for backend ``name`` in ``mode`` under ``ctx``
+    whatever is declared (force-coarse, the ranks disagreeing on it, a veto, not the publish
+    phase), or ``None``."""
     if pm.config.force_coarse:
         return "forced-coarse"
+    state = _state.current
+    if state is not None and ("*" in state.coarse or (name, mode) in state.coarse):
+        return "ranks disagree (WARCORE_SGLANG_CHECK_RANKS=warn)"
     veto = resolve_fast_path_veto(mode, ctx, pm=pm)
     if veto.vetoed:
         return veto.source
@@ -62,7 +68,7 @@ def _answer(backend: Any, mode: ForwardMode) -> tuple[SharedReadBoundary | None,
     where warcore has none (a class warcore-sglang cannot name: no plugin can declare)."""
     pm = _state.pm()
     name, ctx = identify(backend)
-    closed = _closed(mode, ctx, pm)
+    closed = _closed(name, mode, ctx, pm)
     if closed is not None:
         return UNKNOWN, closed
     if name is None:
@@ -160,7 +166,7 @@ def prefill_decision(backend: Any) -> tuple[str | None, Any, Any]:
     plugin's answer), the last two as ``SharedReadEnds``."""
     pm = _state.pm()
     name, ctx = identify(backend)
-    closed = _closed(ForwardMode.EXTEND, ctx, pm)
+    closed = _closed(name, ForwardMode.EXTEND, ctx, pm)
     if closed is None:
         phase = resolve_war_publish_phase(ctx.algorithm, ForwardMode.EXTEND, pm=pm)
         if not phase.publishes:

@@ -267,6 +267,7 @@ def _take_off(check: str, detail: str) -> None:
             f"{detail}; sglang's own barrier decisions apply"
         )
         _state.degraded = reason
+        _state.degraded_check = check
     _tell(state, reason)
 
 
@@ -340,7 +341,7 @@ def install(
             meter=_meter.path(),
         )
         _state.current = state
-        _state.degraded = None
+        _state.degraded = _state.degraded_check = None
         _state.invalidate()
         pm.add_change_listener(_state.on_change)
         _ranks.set_requested(check_ranks)

@@ -1,27 +1,42 @@
 """The rank check inside sglang: :func:`warcore.audit.ranks.check_ranks_agree` at scheduler start.
 
-Each tensor- or pipeline-parallel rank of an sglang server is its own scheduler process and
-resolves warcore's decisions on its own; a rank with another plugin set or environment would
-publish at another point without a word. With ``WARCORE_SGLANG_CHECK_RANKS`` (or
+Each tensor-, pipeline- or data-parallel rank of an sglang server is its own scheduler process
+and resolves warcore's decisions on its own; a rank with another plugin set or environment
+would publish at another point without a word. With ``WARCORE_SGLANG_CHECK_RANKS`` (or
 ``install(check_ranks=True)``) every ``Scheduler.__init__`` ends with the core's rank check over
-sglang's world CPU group, on the cells this server can meet (:func:`rank_cells`): ``1`` raises
-naming the ranks and cells, ``warn`` logs. The check itself, its fingerprint and its timeout
-are the core's (:mod:`warcore.audit.ranks`); this module only says when, over which group and
-which cells.
+sglang's world CPU group, on the cells this server can meet (:func:`rank_cells`) and one fact:
+whether warcore-sglang is active on this rank (a rank whose activation took itself off joins
+the check and differs there). ``1``: disagreeing ranks raise, naming the ranks and the cells,
+so every rank's start-up fails. ``warn``: every rank logs it and serves with the cells that
+disagree coarse (on every rank, since each computes the same set from the same answers; a fact
+that differs makes every cell coarse). A rank that does not answer within
+``WARCORE_SGLANG_CHECK_RANKS_TIMEOUT`` seconds (default the core's 60) is named on every rank
+that waited. The check itself, its fingerprint and the exchange are the core's
+(:mod:`warcore.audit.ranks`); this module says when, over which group, which cells and facts,
+and what ``warn`` does with the result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 from typing import Any
 
 from warcore import BoundaryContext, ForwardMode
-from warcore.core import WarcorePluginManager, get_registry
+from warcore.core import WarcorePluginManager, get_plugin_manager, get_registry
 
 from .. import ENV_CHECK_RANKS, _sglang
 from . import _state
 from ._identity import offload_flags, process_algorithm
+
+logger = logging.getLogger("warcore.sglang")
+
+ENV_TIMEOUT = "WARCORE_SGLANG_CHECK_RANKS_TIMEOUT"
+"""Seconds each rank waits for the others' answers (default: the core's 60)."""
+FACT = "warcore-sglang"
+"""The fact every rank adds to its decisions: whether its activation is on."""
 
 _TRUE = {"1", "true", "yes", "on"}
 _MODES = (
@@ -53,10 +68,27 @@ def _mode() -> str | None:
     return None
 
 
+def timeout() -> float:
+    """``WARCORE_SGLANG_CHECK_RANKS_TIMEOUT`` in seconds; the core's default when unset. A
+    value that is not a number of seconds > 0 raises ``ValueError`` naming it."""
+    from warcore.audit.ranks import DEFAULT_TIMEOUT_S
+
+    raw = os.environ.get(ENV_TIMEOUT, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{ENV_TIMEOUT}={raw!r}: expected a number of seconds > 0")
+    return seconds
+
+
 def rank_cells(pm: WarcorePluginManager | None = None) -> list[tuple[str, ForwardMode, Any]]:
     """The cells every rank of this server must decide alike: each sglang backend in the four
     publishing modes, under this process's algorithm and offload flags."""
-    pm = pm if pm is not None else _state.pm()
+    pm = pm if pm is not None else get_plugin_manager()
     name = _sglang.warcore_algorithm(process_algorithm()) or "none"
     ctx = BoundaryContext(name, offload_flags())
     backends = sorted(
@@ -65,9 +97,16 @@ def rank_cells(pm: WarcorePluginManager | None = None) -> list[tuple[str, Forwar
     return [(b, m, ctx) for b in backends for m in _MODES]
 
 
-def _check_ranks(*, raise_on_mismatch: bool) -> None:
+def _fact() -> str:
+    state = _state.current
+    if state is not None:
+        return f"active on audited sglang {state.version}"
+    return f"off: {_state.degraded_check or 'not installed'}"
+
+
+def _check_ranks(*, raise_on_mismatch: bool) -> Any:
     """The core's rank check over sglang's world CPU group (``None`` outside a server: the
-    default group)."""
+    default group); returns its report."""
     from warcore.audit.ranks import check_ranks_agree
 
     group = None
@@ -75,11 +114,65 @@ def _check_ranks(*, raise_on_mismatch: bool) -> None:
         from sglang.srt.runtime_context import get_parallel
 
         group = get_parallel().world_group.cpu_group
-    check_ranks_agree(group, rank_cells(), pm=_state.pm(), raise_on_mismatch=raise_on_mismatch)
+    return check_ranks_agree(
+        group,
+        rank_cells(),
+        pm=get_plugin_manager(),
+        raise_on_mismatch=raise_on_mismatch,
+        timeout=timeout(),
+        facts={FACT: _fact()},
+    )
+
+
+def _coarse_where_they_differ(report: Any) -> None:
+    """``warn``: the cells the ranks disagree on are coarse from now on, in this process."""
+    from warcore.audit.ranks import cell_of
+
+    state = _state.current
+    if state is None:
+        return  # warcore is off here: sglang's own decisions apply
+    cells = report.differing_cells()
+    found = [cell_of(key) for key in cells]
+    state.coarse = (
+        frozenset({"*"})
+        if any(c is None for c in found)
+        else frozenset((c[0], c[1]) for c in found if c is not None)
+    )
+    _state.invalidate()
+    logger.warning(
+        "warcore-sglang: %s: the ranks disagree on %d cell(s) (WARCORE_SGLANG_CHECK_RANKS=warn): "
+        "%s coarse on this rank",
+        f"process {os.getpid()}",
+        len(cells),
+        "every cell" if "*" in state.coarse else "those cells",
+    )
+
+
+def _process_seconds() -> float | None:
+    """How long this process has lived (its start-up so far, at the end of the scheduler's
+    constructor), or ``None`` where that cannot be read."""
+    try:
+        import psutil  # sglang's own dependency
+
+        return time.time() - float(psutil.Process(os.getpid()).create_time())
+    except Exception:
+        return None
 
 
 def check_if_requested() -> None:
-    """The rank check at the end of ``Scheduler.__init__``, while it is asked for."""
+    """The rank check at the end of ``Scheduler.__init__``, while it is asked for (also where
+    the activation took itself off: that rank joins, and differs); one line says what it cost
+    of this scheduler's start-up."""
     mode = _mode()
-    if _state.current is not None and mode is not None:
-        _check_ranks(raise_on_mismatch=mode != "warn")
+    if mode is None or (_state.current is None and _state.degraded is None):
+        return
+    began = time.monotonic()
+    report = _check_ranks(raise_on_mismatch=mode != "warn")
+    took = time.monotonic() - began
+    if mode == "warn" and not report.agree:
+        _coarse_where_they_differ(report)
+    lived = _process_seconds()
+    share = f", {took / lived:.2%} of this scheduler's start-up ({lived:.1f} s)" if lived else ""
+    logger.info(
+        "warcore-sglang: process %d: the rank check took %.3f s%s", os.getpid(), took, share
+    )

@@ -63,6 +63,9 @@ class State:
     seconds: float = 0.0
     """warcore-sglang's time in this process after :func:`install` returned: checking and
     patching the watched modules as sglang imports them, and the checkpoint."""
+    coarse: frozenset[Any] = frozenset()
+    """(backend name, mode) cells the ranks disagree on under ``WARCORE_SGLANG_CHECK_RANKS=warn``
+    (``"*"``: every cell): coarse in this process."""
     meter: str | None = None
     """``WARCORE_SGLANG_METER``'s file: every patched point timed, one line per batch."""
     on_failure: Callable[[str, Exception], None] | None = None
@@ -74,6 +77,9 @@ current: State | None = None
 """The installed activation; ``None`` when not installed (every patch passes through)."""
 degraded: str | None = None
 """Why the activation took itself off in this process (a shape check failed), or ``None``."""
+degraded_check: str | None = None
+"""The check that failed there (the same on every rank where it fails, unlike the reason,
+which names where sglang is installed)."""
 gen = 0
 """Bumped when warcore's plugins or switches change: every cached answer of an older
 generation is recomputed on next use."""
