@@ -1,0 +1,72 @@
+"""``python -m warcore_sglang.trace`` compares ranks batch by batch, from one trace file or one
+per node (two nodes write two files; their pids may even coincide)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from warcore_sglang.trace_ranks import compare_ranks
+
+
+def _barrier(tp: int, step: int, mode: str, point: str, branch: str) -> dict[str, Any]:
+    return {
+        "kind": "barrier",
+        "pid": 100,  # the same pid on both nodes: told apart by file
+        "rank": {"tp": tp, "pp": 0, "dp": None},
+        "step": step,
+        "mode": mode,
+        "record_point": point,
+        "branch": branch,
+        "owner": "target",
+        "provenance": "plugin:sglang",
+        "rids": ["r1"] if mode == "EXTEND" else [],
+    }
+
+
+STEPS = [("EXTEND", "pre_replay", "wait_event"), ("DECODE", "none", "wait_stream")] * 3
+
+
+def _node(path: Path, tp: int, steps: list[tuple[str, str, str]]) -> Path:
+    lines = [json.dumps(_barrier(tp, n, *step)) for n, step in enumerate(steps, 1)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _cli(*paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "warcore_sglang.trace", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_two_nodes_files_that_agree(tmp_path: Path) -> None:
+    a, b = _node(tmp_path / "a.jsonl", 0, STEPS), _node(tmp_path / "b.jsonl", 1, STEPS)
+    done = _cli(a, b)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "barriers per rank: tp 0 (file 1) 6, tp 1 (file 2) 6 (DECODE 3, EXTEND 3)" in (
+        done.stdout
+    )
+    assert "every rank took the same record point and barrier on every batch" in done.stdout
+
+
+def test_a_divergence_names_the_batch_the_ranks_and_both_decisions(tmp_path: Path) -> None:
+    late = list(STEPS)
+    late[2] = ("EXTEND", "none", "wait_stream")  # rank 1 published nothing for batch 3
+    a, b = _node(tmp_path / "a.jsonl", 0, STEPS), _node(tmp_path / "b.jsonl", 1, late[:5])
+    traces = [[json.loads(x) for x in p.read_text().splitlines()] for p in (a, b)]
+    comparison = compare_ranks(traces)
+    assert [d.batch for d in comparison.divergences] == [3, 6]  # batch 3, and rank 1 ends early
+    done = _cli(a, b)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "batch 3 (requests r1): tp 0 (file 1) mode=EXTEND record_point=pre_replay "
+        "branch=wait_event owner=target; tp 1 (file 2) mode=EXTEND record_point=none "
+        "branch=wait_stream owner=target"
+    ) in done.stdout, done.stdout
+    assert "batch 6: tp 0 (file 1) 6 barriers; tp 1 (file 2) 5 barriers" in done.stdout
