@@ -110,6 +110,10 @@ class RankReport:
     plugins: dict[int, list[str]]
     differing: dict[int, list[str]] = field(default_factory=dict)
     message: str = ""
+    resolve_s: float = 0.0
+    """This rank's time resolving its cells."""
+    exchange_s: float = 0.0
+    """This rank's time posting its answer and waiting for every other rank's."""
 
     @property
     def agree(self) -> bool:
@@ -229,12 +233,15 @@ def check_ranks_agree(
         raise RuntimeError(
             "check_ranks_agree needs torch.distributed initialised (init_process_group)"
         )
+    began = time.monotonic()
     payload = _payload(pm if pm is not None else get_plugin_manager(), cells, dist.get_rank())
     payload["decisions"].update(facts or {})
     payload["fingerprint"] = _digest(payload["decisions"])
     world = dist.get_world_size(group)
     ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
+    resolved = time.monotonic()
     gathered = _exchange(payload, dist.get_rank(), ranks, timeout)
+    exchanged = time.monotonic()
     reference = gathered[0]
     differing = _differing(reference, gathered[1:])
     report = RankReport(
@@ -243,6 +250,8 @@ def check_ranks_agree(
         fingerprints={p["rank"]: p["fingerprint"] for p in gathered},
         plugins={p["rank"]: p["plugins"] for p in gathered},
         differing=differing,
+        resolve_s=resolved - began,
+        exchange_s=exchanged - resolved,
     )
     if report.agree:
         logger.info(
@@ -333,7 +342,7 @@ def _timeout_message(
         f"warcore rank check (check_ranks_agree, on rank {me}): rank(s) {listed(missing)} did "
         f"not answer within {timeout:g} s; rank(s) {listed(answered)} did (group of "
         f"{len(ranks)}: {listed(ranks)}). Every rank must call check_ranks_agree, in the same "
-        "order; a rank that starts later needs a longer timeout="
+        "order; a rank that starts later needs a longer timeout"
     )
 
 

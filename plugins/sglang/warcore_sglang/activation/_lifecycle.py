@@ -175,7 +175,7 @@ def _make_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         checkpoint()
-        _ranks.check_if_requested()
+        _ranks.check_if_requested(self)
 
     return wrap(__init__, original)
 

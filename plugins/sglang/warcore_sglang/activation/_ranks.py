@@ -85,9 +85,40 @@ def timeout() -> float:
     return seconds
 
 
-def rank_cells(pm: WarcorePluginManager | None = None) -> list[tuple[str, ForwardMode, Any]]:
-    """The cells every rank of this server must decide alike: each sglang backend in the four
-    publishing modes, under this process's algorithm and offload flags."""
+def _live_backends(scheduler: Any) -> list[Any]:
+    """The attention backends of the scheduler's model runners (target, draft)."""
+    worker = getattr(scheduler, "model_worker", None)
+    runners = [
+        getattr(worker, "model_runner", None),
+        getattr(getattr(worker, "target_worker", None), "model_runner", None),
+        getattr(getattr(worker, "draft_worker", None), "model_runner", None),
+        getattr(worker, "draft_runner", None),
+    ]
+    found: list[Any] = []
+    for runner in runners:
+        backend = getattr(runner, "attn_backend", None)
+        if backend is not None and all(backend is not b for b in found):
+            found.append(backend)
+    return found
+
+
+def rank_cells(
+    pm: WarcorePluginManager | None = None, scheduler: Any = None
+) -> list[tuple[str, ForwardMode, Any]]:
+    """The cells every rank of this server must decide alike: each attention backend this
+    scheduler's model runners use (its warcore name and context, a wrapper's children named in
+    it), else every sglang backend warcore knows, in the four publishing modes, under this
+    process's algorithm and offload flags."""
+    from ._identity import identify
+
+    cells = []
+    with contextlib.suppress(Exception):  # no scheduler, or a backend it cannot name
+        for backend in _live_backends(scheduler):
+            name, ctx = identify(backend)
+            if name is not None:
+                cells += [(name, m, ctx) for m in _MODES]
+    if cells:
+        return cells
     pm = pm if pm is not None else get_plugin_manager()
     name = _sglang.warcore_algorithm(process_algorithm()) or "none"
     ctx = BoundaryContext(name, offload_flags())
@@ -104,24 +135,29 @@ def _fact() -> str:
     return f"off: {_state.degraded_check or 'not installed'}"
 
 
-def _check_ranks(*, raise_on_mismatch: bool) -> Any:
+def _check_ranks(*, raise_on_mismatch: bool, scheduler: Any = None) -> Any:
     """The core's rank check over sglang's world CPU group (``None`` outside a server: the
     default group); returns its report."""
-    from warcore.audit.ranks import check_ranks_agree
+    from warcore.audit.ranks import RankCheckTimeout, check_ranks_agree
 
     group = None
     with contextlib.suppress(Exception):
         from sglang.srt.runtime_context import get_parallel
 
         group = get_parallel().world_group.cpu_group
-    return check_ranks_agree(
-        group,
-        rank_cells(),
-        pm=get_plugin_manager(),
-        raise_on_mismatch=raise_on_mismatch,
-        timeout=timeout(),
-        facts={FACT: _fact()},
-    )
+    seconds = timeout()
+    try:
+        return check_ranks_agree(
+            group,
+            rank_cells(scheduler=scheduler),
+            pm=get_plugin_manager(),
+            raise_on_mismatch=raise_on_mismatch,
+            timeout=seconds,
+            facts={FACT: _fact()},
+        )
+    except RankCheckTimeout as exc:  # say which knob sets it here
+        message = f"{exc} ({ENV_TIMEOUT}, now {seconds:g} s)"
+        raise RankCheckTimeout(message, exc.missing, exc.answered) from None
 
 
 def _coarse_where_they_differ(report: Any) -> None:
@@ -159,7 +195,7 @@ def _process_seconds() -> float | None:
         return None
 
 
-def check_if_requested() -> None:
+def check_if_requested(scheduler: Any = None) -> None:
     """The rank check at the end of ``Scheduler.__init__``, while it is asked for (also where
     the activation took itself off: that rank joins, and differs); one line says what it cost
     of this scheduler's start-up."""
@@ -167,12 +203,18 @@ def check_if_requested() -> None:
     if mode is None or (_state.current is None and _state.degraded is None):
         return
     began = time.monotonic()
-    report = _check_ranks(raise_on_mismatch=mode != "warn")
+    report = _check_ranks(raise_on_mismatch=mode != "warn", scheduler=scheduler)
     took = time.monotonic() - began
     if mode == "warn" and not report.agree:
         _coarse_where_they_differ(report)
     lived = _process_seconds()
     share = f", {took / lived:.2%} of this scheduler's start-up ({lived:.1f} s)" if lived else ""
     logger.info(
-        "warcore-sglang: process %d: the rank check took %.3f s%s", os.getpid(), took, share
+        "warcore-sglang: process %d: the rank check took %.3f s (resolving %.3f s, waiting for "
+        "the other ranks %.3f s)%s",
+        os.getpid(),
+        took,
+        report.resolve_s,
+        report.exchange_s,
+        share,
     )
