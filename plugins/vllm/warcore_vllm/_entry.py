@@ -60,14 +60,11 @@ def startup_line() -> tuple[int, str]:
         level = logging.INFO if flag in _FALSE else logging.WARNING
         return level, f"{_who()}: warcore NOT active: {ENV_ACTIVATE}={flag!r} (set it to 1)"
     start = time.perf_counter()
-    took: list[float] = []  # set once install() returned: a later settling is a new line
-    during_install: list[str | None] = []
+    took: list[float] = []  # set once install() returned: a later settling is a line of its own
 
     def on_settled(reason: str | None) -> None:
         if took:
             _settled(took[0], reason)
-        else:
-            during_install.append(reason)
 
     try:
         from . import activation
@@ -78,10 +75,10 @@ def startup_line() -> tuple[int, str]:
             f"{_who()}: warcore NOT active, vLLM's own guards apply: {type(exc).__name__}: {exc}"
         )
     took.append(time.perf_counter() - start)
+    if activation.is_active():  # every watched module was imported already: checked, patched
+        return logging.INFO, _active_line(took[0])
     from ._names import SUPPORTED
 
-    if during_install:  # every watched module was imported already: checked and patched
-        return logging.INFO, _active_line(took[0])
     return logging.INFO, (
         f"{_who()}: warcore armed in {took[0]:.3f} s (vLLM {SUPPORTED}): "
         f"{activation.RUNNER} is checked and patched when this process imports it (a process "
