@@ -4,6 +4,7 @@ same as the live function."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from pathlib import Path
@@ -99,3 +100,42 @@ def test_resolve_names_what_is_missing_and_unwraps_a_patch() -> None:
     finally:
         _Runner.plant = original  # type: ignore[method-assign]
     assert engine_code.signature(_Runner.plant) == "(self)"
+
+
+_DECORATED = '''
+import contextlib
+
+
+@contextlib.contextmanager
+def guard(self):
+    """Staging under the guard."""
+    self.event.synchronize()
+    try:
+        yield
+    finally:
+        self.event.record()
+'''
+
+
+def test_a_decorated_function_is_digested_where_it_is_written(tmp_path: Path) -> None:
+    """``contextmanager``'s wrapper is contextlib's code: the digest must be the function's."""
+    (tmp_path / "wctest_decorated.py").write_text(_DECORATED)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("wctest_decorated")
+        function = engine_code.resolve(module, "guard")
+        audited = engine_code.audit_module_source("wctest_decorated", ["guard"])
+        assert audited == {"guard": engine_code.audit_in_source(_DECORATED, "guard")}
+        assert (engine_code.signature(function), engine_code.digest(function)) == audited["guard"]
+        assert function.__code__.co_filename == contextlib.__file__  # the wrapper's code
+        engine_code.check_functions(module, audited, "1.0")
+        other = {"guard": ("(self)", "0" * 16)}
+        try:
+            engine_code.check_functions(module, other, "1.0")
+        except engine_code.ShapeMismatch as exc:
+            assert exc.check == "code of guard" and "audited 1.0" in exc.detail
+        else:
+            raise AssertionError("another digest must be a ShapeMismatch")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("wctest_decorated", None)

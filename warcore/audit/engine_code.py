@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import inspect
 import linecache
 import re
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -31,7 +32,9 @@ __all__ = [
     "ShapeMismatch",
     "assigns",
     "audit_in_source",
+    "audit_module_source",
     "calls",
+    "check_functions",
     "digest",
     "method_sources",
     "resolve",
@@ -92,7 +95,10 @@ def _parse(text: str, where: str) -> _Function:
 
 def _tree(function: Callable[..., Any]) -> _Function:
     """``function``'s definition, read from the lines its code object came from (only that
-    block is parsed, not its module)."""
+    block is parsed, not its module). A function a decorator wrapped (``functools.wraps``:
+    ``contextlib.contextmanager``, ``torch.no_grad()``) is read where it is written, not where
+    the decorator's wrapper is."""
+    function = inspect.unwrap(function)
     code = function.__code__
     lines = linecache.getlines(code.co_filename)
     if not lines:
@@ -147,6 +153,37 @@ def audit_in_source(source: str, qualname: str) -> tuple[str, str]:
     without importing the module (a worker module that imports a GPU-only package, say)."""
     node = _find(source, qualname)
     return _node_signature(node), _digest_node(node)
+
+
+def audit_module_source(module: str, qualnames: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """:func:`audit_in_source` of each function of ``qualnames`` in the installed module named
+    ``module``, read from its source file (the module itself is not imported; its parent
+    packages are, to find it)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        raise LookupError(f"{module} is not installed as a source file")
+    with open(spec.origin, encoding="utf-8") as file:
+        source = file.read()
+    return {qualname: audit_in_source(source, qualname) for qualname in qualnames}
+
+
+def check_functions(
+    module: ModuleType, audited: Mapping[str, tuple[str, str]], version: str
+) -> None:
+    """Each function of ``audited`` (qualified name -> (signature, digest), a digest ``""``
+    checking the signature only) is defined in ``module`` with that signature and digest, or
+    :class:`ShapeMismatch` names the first that is not (``version``: the audited release)."""
+    for qualname, (audited_signature, audited_digest) in audited.items():
+        function = resolve(module, qualname)
+        found = signature(function)
+        if found != audited_signature:
+            raise ShapeMismatch(f"signature of {qualname}", f"{found}, audited {audited_signature}")
+        if audited_digest and digest(function) != audited_digest:
+            raise ShapeMismatch(
+                f"code of {qualname}",
+                f"its body differs from the audited {version} (digest {digest(function)}, "
+                f"audited {audited_digest})",
+            )
 
 
 def signature(function: Callable[..., Any]) -> str:

@@ -5,6 +5,7 @@ of the real class in place (:mod:`warcore_vllm._variants`)."""
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,6 +147,34 @@ def test_uninstall_puts_vllms_method_back() -> None:
     assert vars(cls)["synchronize_input_prep"] is original
 
 
+def test_install_refuses_a_changed_module_and_puts_back_what_it_patched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Installed after vLLM imported its modules: the runner is patched first, then
+    ``vllm.v1.utils`` fails its check (its audited digest differs): nothing stays patched."""
+    from warcore_vllm import _names, activation
+
+    from warcore.audit.post_import import PostImportFinder
+
+    original = vars(_runner())["synchronize_input_prep"]
+    table = _names.AUDITED["0.33.0"]["vllm.v1.utils"]
+    monkeypatch.setitem(table, "CpuGpuBuffer.copy_to_gpu", ("(self, n=None)", "0" * 16))
+    with pytest.raises(activation.UnsupportedVllmError, match="code of CpuGpuBuffer.copy_to_gpu"):
+        activation.install()
+    assert vars(_runner())["synchronize_input_prep"] is original
+    assert not activation.is_installed()
+    assert not any(isinstance(f, PostImportFinder) for f in sys.meta_path)
+    monkeypatch.undo()
+
+    def broken(original: Any) -> Any:
+        raise RuntimeError("no wrapper")
+
+    monkeypatch.setattr(activation, "_make", broken)
+    with pytest.raises(activation.UnsupportedVllmError, match="patching .*RuntimeError"):
+        activation.install()
+    assert vars(_runner())["synchronize_input_prep"] is original
+
+
 # -- v2-ring and encoder-ring -------------------------------------------------------------------
 def test_v2_ring_depth_follows_the_batch_queue() -> None:
     assert audit.v2_ring(audit.V2_DEFAULT).verdict == SOUND
@@ -214,3 +243,21 @@ def test_swa_check_fails_on_the_optimistic_basis() -> None:
     with replaced(cls, "allocate_slots", variant(cls, "allocate_slots", change)):
         verdict = audit.swa_settled(audit.SWA)
     assert verdict.verdict == VIOLATION, verdict.line()
+
+
+# -- the command ---------------------------------------------------------------------------------
+def test_the_audit_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m warcore_vllm.audit``'s ``main``: one verdict per check, exit status 0 with
+    only vLLM's own open gaps as violations; its output goes to the session's log too."""
+    status = audit.main([])
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print("\n$ python -m warcore_vllm.audit\n" + out, end="")
+    assert status == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "warcore-vllm audit of vLLM 0.33.0 (v1, v2, encoder)"
+    verdicts = lines[1:-1]
+    assert len(verdicts) == len(audit.CHECKS)
+    violations = [v for v in verdicts if v.startswith(VIOLATION)]
+    assert len(violations) == len(audit.EXPECTED)
+    assert all(any(f"[{cfg}]" in v for v in violations) for _, cfg in audit.EXPECTED)

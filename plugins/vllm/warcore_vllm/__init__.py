@@ -3,13 +3,14 @@ vocabulary, audited on vLLM's real classes, and an activation that keeps an ungu
 coarse.
 
 * :mod:`warcore_vllm._names`: what is declared (each runner's staging: guard, depth, release,
-  host reads; the scheduler's deferred free) and the vLLM bodies it relies on, with their
-  audited AST digests. Pure data.
+  host reads; the scheduler's deferred free) and the vLLM functions it relies on, with their
+  audited signatures and digests. Pure data.
 * ``python -m warcore_vllm.audit`` (:mod:`warcore_vllm.audit`): one verdict per check and
   configuration, from vLLM's real classes on a CPU.
-* :func:`install` / :func:`uninstall` (:mod:`warcore_vllm.activation`); ``WARCORE_VLLM=1``
-  does it in every vLLM process through vLLM's ``vllm.general_plugins`` entry point, with one
-  start-up line per process.
+* :func:`install` / :func:`uninstall` (:mod:`warcore_vllm.activation`: the runner is checked
+  and patched where vLLM imports it); ``WARCORE_VLLM=1`` does it in every vLLM process through
+  vLLM's ``vllm.general_plugins`` entry point, with one start-up line per process.
+* ``python -m warcore_vllm.bench``: what warcore-vllm costs a vLLM process at start-up.
 
 Importing this package imports neither vLLM nor torch.
 """

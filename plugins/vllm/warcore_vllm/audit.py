@@ -241,7 +241,8 @@ EXPECTED = {
 }
 """(check, configuration) pairs vLLM 0.33.0 itself leaves unguarded, reported as violations on
 purpose: #47644 (pipeline parallel without async scheduling, open) and the class of #54269
-(V2 with an idle data-parallel rank's dummy runs, open)."""
+(a V2 step kind that stages a pool use without a release, modelled as an idle data-parallel
+rank's dummy run; 0.33.0's own dummy run stages none, see :mod:`warcore_vllm._v2`)."""
 
 
 def audit() -> list[Verdict]:
