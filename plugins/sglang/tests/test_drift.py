@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
@@ -480,3 +481,30 @@ def test_warcore_owner_equals_sglangs_on_live_shaped_workers_for_every_algorithm
         "sglang_dflash",
         "sglang_dspark",
     }
+
+
+def test_active_is_said_only_after_every_watched_module_was_checked(
+    monkeypatch: pytest.MonkeyPatch, pm: Any, tmp_path: Path
+) -> None:
+    """A watched module that imports another while it executes: the hook's list has dropped
+    both before the first one's check runs; "active" must wait for that check."""
+    (tmp_path / "wctest_outer.py").write_text("import wctest_inner\n")
+    (tmp_path / "wctest_inner.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    order: list[str] = []
+    told: list[str | None] = []
+
+    def check(module: Any) -> None:
+        order.append(f"checked {module.__name__}")
+
+    monkeypatch.setattr(_lifecycle, "_WATCH", {"wctest_outer": check, "wctest_inner": check})
+    warcore_sglang.install(on_settled=lambda reason: (told.append(reason), order.append("told")))
+    try:
+        import wctest_outer  # noqa: F401
+
+        assert order == ["checked wctest_inner", "checked wctest_outer", "told"], order
+        assert told == [None]
+    finally:
+        warcore_sglang.uninstall()
+        for name in ("wctest_outer", "wctest_inner"):
+            sys.modules.pop(name, None)

@@ -184,10 +184,10 @@ def checkpoint() -> None:
     """Settle now: import each watched module not imported yet (its check and patch run), or
     name the ones that no longer exist and take the activation off."""
     state = _state.current
-    if state is None or state.finder is None:
+    if state is None:
         return
     start = time.perf_counter()
-    for name in sorted(state.finder.callbacks):
+    for name in sorted(state.pending):
         try:
             found = importlib.util.find_spec(name) is not None
         except (ImportError, ValueError):
@@ -198,7 +198,7 @@ def checkpoint() -> None:
         try:
             importlib.import_module(name)
         except ImportError:  # a GPU build's import: this process never uses its points
-            state.finder.callbacks.pop(name, None)
+            state.pending.discard(name)
         if _state.current is None:
             return  # it failed its check
     state.seconds += time.perf_counter() - start
@@ -210,15 +210,17 @@ def _on_import(callback: Callable[[ModuleType], None], module: ModuleType) -> No
     _machinery.apply(callback, module)
     state = _state.current
     if state is not None:
+        state.pending.discard(module.__name__)
         state.seconds += time.perf_counter() - start
         _settle_if_done()
 
 
 def _settle_if_done() -> None:
+    """Settled once no watched module is left unchecked: not the hook's own list, which drops
+    a module when its import starts (a watched module importing another would look done
+    before its own check ran)."""
     state = _state.current
-    if state is None or state.settled:
-        return
-    if state.finder is not None and state.finder.callbacks:
+    if state is None or state.settled or state.pending:
         return
     state.settled = True
     _tell(state, None)
@@ -300,6 +302,7 @@ def _refuse_unsupported() -> str:
 def _patch_watched(state: _state.State, watch: dict[str, Callable[[ModuleType], None]]) -> None:
     """Check and patch the watched modules imported already; hook the others' first import."""
     pending = {name: cb for name, cb in watch.items() if name not in sys.modules}
+    state.pending = set(pending)
     state.finder = PostImportFinder(
         {name: functools.partial(_on_import, cb) for name, cb in pending.items()}
     )

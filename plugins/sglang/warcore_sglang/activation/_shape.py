@@ -16,7 +16,6 @@ nothing here changes sglang.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from collections.abc import Callable
@@ -25,12 +24,10 @@ from types import ModuleType
 from warcore.audit.engine_code import (
     ShapeMismatch,
     assigns,
-    audit_in_source,
+    audit_module_source,
     calls,
-    digest,
+    check_functions,
     method_sources,
-    resolve,
-    signature,
 )
 
 from .._names import AUDITED, SRT
@@ -54,18 +51,9 @@ def check_audited(module: ModuleType, version: str, owner: str = "") -> None:
     """Every audited function of ``module`` (of class ``owner`` only, when given) has its
     audited signature and digest under ``version``."""
     audited = AUDITED.get(version, {}).get(module.__name__.removeprefix(SRT), {})
-    for qualname, (sig, code) in audited.items():
-        if owner and not qualname.startswith(owner + "."):
-            continue
-        function = resolve(module, qualname)
-        if signature(function) != sig:
-            raise ShapeMismatch(f"signature of {qualname}", f"{signature(function)}, audited {sig}")
-        if code and digest(function) != code:
-            raise ShapeMismatch(
-                f"code of {qualname}",
-                f"its body differs from the audited {version} (digest {digest(function)}, "
-                f"audited {code})",
-            )
+    if owner:
+        audited = {q: v for q, v in audited.items() if q.startswith(owner + ".")}
+    check_functions(module, audited, version)
 
 
 def _require(ok: bool, check: str, detail: str) -> None:
@@ -169,15 +157,10 @@ def audit_table(version: str) -> dict[str, dict[str, tuple[str, str]]]:
     (the digest ``""`` where that version records none), read from the source files."""
     table: dict[str, dict[str, tuple[str, str]]] = {}
     for module, functions in AUDITED[version].items():
-        spec = importlib.util.find_spec(SRT + module)
-        if spec is None or spec.origin is None:
-            raise LookupError(f"{SRT + module} is not installed")
-        with open(spec.origin, encoding="utf-8") as file:
-            source = file.read()
-        table[module] = {}
-        for qualname, (_, code) in functions.items():
-            sig, found = audit_in_source(source, qualname)
-            table[module][qualname] = (sig, found if code else "")
+        found = audit_module_source(SRT + module, functions)
+        table[module] = {
+            q: (sig, code if functions[q][1] else "") for q, (sig, code) in found.items()
+        }
     return table
 
 

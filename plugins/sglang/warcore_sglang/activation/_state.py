@@ -56,6 +56,8 @@ class State:
     """``WARCORE_SGLANG_PREFILL_SWITCH`` as read at install (:mod:`.._prefill_switch`)."""
     version: str = ""
     """The audited sglang version installed (the key of ``_names.AUDITED`` the gate checks)."""
+    pending: set[str] = field(default_factory=set)
+    """The watched modules not checked and patched yet."""
     settled: bool = False
     """Every watched module is checked and patched (said once)."""
     on_settled: Callable[[str | None], None] | None = None
