@@ -16,6 +16,10 @@ per round, and measures in each start:
   ``--new-tokens`` tokens (4-token prompts: one small prefill, then decode steps), tokens
   generated per second.
 
+And, after the rounds, ``--rank-check-starts`` starts of a ``tp_size=2`` Engine with
+``WARCORE_SGLANG_CHECK_RANKS=1``: each rank's rank check, its time (resolving its cells, then
+waiting for the other rank) and its share of that scheduler's start-up, as each rank says it.
+
 And, in one more ``warcore`` start after the rounds, with ``WARCORE_SGLANG_METER`` on
 (:mod:`warcore_sglang.activation._meter`): per batch of the scheduler's loop, warcore's own
 time in its patched points against the batch's time (``run_batch`` to the end of the barrier),
@@ -135,6 +139,33 @@ def _metered(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any
     return out
 
 
+_RANK_CHECK = re.compile(
+    r"TP(?P<tp>\d+)\] warcore-sglang: process \d+: the rank check took (?P<took>[0-9.]+) s "
+    r"\(resolving (?P<resolve>[0-9.]+) s, waiting for the other ranks (?P<wait>[0-9.]+) s\), "
+    r"(?P<share>[0-9.]+)% of this scheduler's start-up \((?P<lived>[0-9.]+) s\)"
+)
+
+
+def rank_check(model: Path, work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--rank-check-starts`` starts of a ``tp_size=2`` Engine with the rank check on: per
+    start and rank, the check's time (resolving, waiting) and its share of that scheduler's
+    start-up, read from the line each rank says."""
+    out = []
+    for k in range(args.rank_check_starts):
+        env = {**serving.cpu_env(), **VARIANTS["warcore"], "WARCORE_SGLANG_TRACE": ""}
+        env |= {"WARCORE_PLUGINS": args.plugins, "WARCORE_SGLANG_CHECK_RANKS": "1"}
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
+        engine = serving.cpu_engine_args(model, log_level="info", tp_size=2)
+        wave = [[serving.Request("one", [5, 6, 7, 8], 2)]]
+        result = serving.run_engine(
+            engine, wave, env=env, timeout=args.timeout, workdir=work, name=f"ranks{k}"
+        )
+        for found in _RANK_CHECK.finditer(Path(result["log"]).read_text(errors="replace")):
+            row = {key: float(value) for key, value in found.groupdict().items()}
+            out.append({"start": k, **row, "tp": int(row["tp"]), "share": row["share"] / 100})
+    return out
+
+
 def _ratio(rows: list[dict[str, Any]], key: str, num: str, den: str) -> list[float]:
     by_round: dict[int, dict[str, Any]] = {}
     for r in rows:
@@ -169,7 +200,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
         per_batch = _metered(model, Path(tmp) / "metered", args)
+        checks = rank_check(model, Path(tmp) / "ranks", args)
     summary: dict[str, Any] = {"per_batch": per_batch}
+    if checks:
+        summary["rank_check"] = {
+            "checks": checks,
+            "seconds": _spread([c["took"] for c in checks]),
+            "resolving_s": _spread([c["resolve"] for c in checks]),
+            "share_of_scheduler_startup": _spread([c["share"] for c in checks]),
+        }
     for key in ("startup_s", "scheduler_startup_s", "ttft_ms", "decode_tok_s"):
         summary[key] = {
             "warcore / sglang": _spread(_ratio(rows, key, "warcore", "sglang")),
@@ -247,14 +286,20 @@ def main(argv: list[str] | None = None) -> int:
         default="sglang",
         help="WARCORE_PLUGINS for every server (default: sglang, warcore-sglang's own plugin)",
     )
+    parser.add_argument(
+        "--rank-check-starts",
+        type=int,
+        default=2,
+        help="starts of a tp_size=2 Engine with the rank check on, timing the check (0: none)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the result to FILE")
     args = parser.parse_args(argv)
     if min(args.rounds, args.batch, args.new_tokens, args.ttft_samples, args.decode_waves) < 1:
         parser.error(
             "--rounds, --batch, --new-tokens, --decode-waves and --ttft-samples must be at least 1"
         )
-    if args.warmup < 0:
-        parser.error("--warmup must be at least 0")
+    if args.warmup < 0 or args.rank_check_starts < 0:
+        parser.error("--warmup and --rank-check-starts must be at least 0")
     missing = serving.missing_for_serving()
     if missing is not None:
         print(f"{parser.prog}: {missing}", file=sys.stderr)
@@ -276,6 +321,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{m['batch_ms_median']:.2f} ms: median {m['share_median']:.3%}, p90 "
                     f"{m['share_p90']:.3%}, of the total {m['share_of_total']:.3%}"
                 )
+            continue
+        if key == "rank_check":
+            sec, res, share = s["seconds"], s["resolving_s"], s["share_of_scheduler_startup"]
+            print(
+                f"the rank check, tp_size=2, {len(s['checks'])} rank starts: "
+                f"{sec['median']:.3f} s ({sec['min']:.3f}-{sec['max']:.3f}), resolving "
+                f"{res['median']:.3f} s; {share['median']:.2%} "
+                f"({share['min']:.2%}-{share['max']:.2%}) of each scheduler's start-up"
+            )
             continue
         if key == "scheduler_activation":
             sec, share = s["seconds"], s["share_of_scheduler_startup"]
