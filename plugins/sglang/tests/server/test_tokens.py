@@ -18,10 +18,12 @@ def test_the_second_wave_reuses_the_rows_the_first_freed(servers: Servers) -> No
 
 def test_tokens_are_identical_with_and_without_warcore(servers: Servers) -> None:
     # the fork backend's configurations differ only in warcore (not activated, a plugin that
-    # corrects it, one that raises, force-coarse); torch_native computes the same forward
+    # corrects it, one that raises, force-coarse) or in their tensor-parallel ranks (two:
+    # the same tokens here); torch_native computes the same forward
     reference = servers["fork_alone"].plain()
     assert len(reference) == 12 and all(len(ids) == 12 for ids in reference.values())
     # the model's tokens depend on what attention reads (different prompts, different tokens)
     assert len({tuple(ids) for ids in reference.values()}) == len(reference)
-    for name in CONFIGS:
-        assert servers[name].plain() == reference, name
+    for name, config in CONFIGS.items():
+        if not config.refused:  # a refused start-up serves nothing
+            assert servers[name].plain() == reference, name
