@@ -106,17 +106,10 @@ CONFIGS = {
         Config("tp2_alone", "fork_native", {}, tp=2),
         Config("tp2_engine", "fork_native", {**CHECK, "WARCORE_PLUGINS": "sglang"}, tp=2),
         Config("tp2_http", "fork_native", {**CHECK, "WARCORE_PLUGINS": "sglang"}, http=True, tp=2),
-        Config(
+        Config(  # both on rank 1: one answers differently (prefill), one fails (decode)
             "tp2_by_rank",
             "fork_native",
-            {**CHECK, "WARCORE_PLUGINS": "sglang,by_rank"},
-            tp=2,
-            refused=True,
-        ),
-        Config(
-            "tp2_rank_raiser",
-            "fork_native",
-            {**CHECK, "WARCORE_PLUGINS": "sglang,rank_raiser"},
+            {**CHECK, "WARCORE_PLUGINS": "sglang,by_rank,rank_raiser"},
             tp=2,
             refused=True,
         ),

@@ -3,8 +3,9 @@ process deciding on its own. Asserted on the start-up lines, the logs and the tr
 processes wrote: every rank active with the same plugins and the rank check agreeing, over the
 Engine API and over HTTP, the tokens sglang gives alone; refused at start-up, every process
 ending, when the ranks would decide differently (a rank-dependent plugin, a plugin failing on
-one rank) or a rank dies before answering; under ``warn`` served, the disagreeing cells coarse
-on every rank; and a real per-rank divergence, unchecked, named by the trace comparison."""
+one rank) or a rank dies or hangs before answering; under ``warn`` served, the disagreeing
+cells coarse on every rank; and a real per-rank divergence, unchecked, named by the trace
+comparison."""
 
 from __future__ import annotations
 
@@ -81,23 +82,25 @@ def _refused(servers: Servers, name: str) -> str:
     return run.log_text()
 
 
-def test_a_plugin_answering_differently_on_one_rank_is_refused_at_start_up(
+def _cell(log: str, cell: str) -> str:
+    return next(line for line in log.splitlines() if line.strip().startswith(cell))
+
+
+def test_plugins_answering_differently_or_failing_on_one_rank_are_refused_at_start_up(
     servers: Servers,
 ) -> None:
+    """On rank 1 ``by_rank`` declares the fork backend's prefill later and ``rank_raiser`` fails
+    on its decode: both cells named, each with both ranks' decisions."""
     log = _refused(servers, "tp2_by_rank")
     assert DISAGREE in log, log[-3000:]
-    cell = next(line for line in log.splitlines() if line.strip().startswith(FORK_PREFILL))
+    assert "rank 1: 2 cell(s) differ from rank 0:" in log
+    prefill = _cell(log, FORK_PREFILL)
     # rank 0: sglang's own PRE_REPLAY; rank 1: by_rank's later POST_REPLAY (it outvotes sglang)
-    assert "rank 0 boundary=PRE_REPLAY record=pre_replay" in cell, cell
-    assert "rank 1 boundary=POST_REPLAY record=none" in cell and "default:conflict" in cell
+    assert "rank 0 boundary=PRE_REPLAY record=pre_replay" in prefill, prefill
+    assert "rank 1 boundary=POST_REPLAY record=none" in prefill and "default:conflict" in prefill
+    decode = _cell(log, "backend 'sglang_fork_native', mode DECODE")
+    assert "rank 1 boundary=UNKNOWN" in decode and "default:failed:rank_raiser" in decode, decode
     assert "by_rank=warcore-sglang-test-plugins 0.1.0 (active)" in log
-
-
-def test_a_plugin_failing_on_one_rank_only_is_refused_at_start_up(servers: Servers) -> None:
-    log = _refused(servers, "tp2_rank_raiser")
-    assert DISAGREE in log, log[-3000:]
-    cell = next(line for line in log.splitlines() if line.strip().startswith(FORK_PREFILL))
-    assert "rank 1 boundary=UNKNOWN" in cell and "default:failed:rank_raiser" in cell, cell
 
 
 def test_a_rank_that_dies_before_the_check_ends_the_others_within_the_timeout(
