@@ -304,7 +304,10 @@ def _exchange(
 ) -> list[dict[str, Any]]:
     """Every rank's ``payload``, in rank order, through the default group's store: post this
     one, then poll for the others until ``timeout``. One round per call on each rank, so the
-    keys of two calls never mix."""
+    keys of two calls never mix. No rank leaves before every rank has read: the store lives
+    in one rank's process (rank 0's TCP store), and a rank that raised and ended first would
+    take it away from a rank still reading, which then could not say why. The round's keys
+    stay in the store (a few kB per rank, once per check)."""
     from torch.distributed import distributed_c10d
 
     store = distributed_c10d._get_default_store()  # no public accessor; stable since torch 1.x
@@ -312,24 +315,41 @@ def _exchange(
         round_ = _ROUNDS.get(tuple(ranks), 0)
         _ROUNDS[tuple(ranks)] = round_ + 1
     prefix = f"warcore/rank_check/{'-'.join(map(str, ranks))}/{round_}"
-    store.set(f"{prefix}/{me}", json.dumps(payload))
     deadline = time.monotonic() + timeout
+    try:
+        store.set(f"{prefix}/{me}", json.dumps(payload))
+        _wait(store, prefix, me, ranks, timeout, deadline)
+        gathered = [json.loads(store.get(f"{prefix}/{r}")) for r in ranks]
+        read = store.add(f"{prefix}/read", 1)
+        while read < len(ranks) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            read = store.add(f"{prefix}/read", 0)
+    except RankCheckTimeout:
+        raise
+    except Exception as exc:  # the store's process ended (rank 0's, usually)
+        raise RuntimeError(
+            f"warcore rank check (check_ranks_agree, on rank {me}): the process group's store "
+            f"went away during the check ({type(exc).__name__}: {exc}): the rank holding it "
+            "(rank 0 with a TCP store) ended first; its log says why"
+        ) from None
+    return gathered
+
+
+def _wait(
+    store: Any, prefix: str, me: int, ranks: list[int], timeout: float, deadline: float
+) -> None:
+    """Until every rank of ``ranks`` posted its answer, or :class:`RankCheckTimeout`."""
     missing = [r for r in ranks if r != me]
     while True:
         missing = [r for r in missing if not store.check([f"{prefix}/{r}"])]
         if not missing:
-            break
+            return
         if time.monotonic() >= deadline:
             answered = [r for r in ranks if r not in missing]
             raise RankCheckTimeout(
                 _timeout_message(me, ranks, missing, answered, timeout), missing, answered
             )
         time.sleep(_POLL_S)
-    gathered = [json.loads(store.get(f"{prefix}/{r}")) for r in ranks]
-    if store.add(f"{prefix}/read", 1) == len(ranks):  # the last reader tidies the round up
-        for key in [*(f"{prefix}/{r}" for r in ranks), f"{prefix}/read"]:
-            store.delete_key(key)
-    return gathered
 
 
 def _timeout_message(
