@@ -18,6 +18,7 @@ Standard library only; pure inspection: nothing here changes the engine.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -224,9 +225,11 @@ def calls(function: Callable[..., Any], name: str) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def method_sources(cls: type) -> dict[str, str]:
     """The source of each method ``cls`` itself defines (a property's getter, a class or static
-    method's function), by name: what :func:`assigns` and an integration's own checks search."""
+    method's function), by name: what :func:`assigns` and an integration's own checks search.
+    Read once per class (each block is tokenized to find where it ends)."""
     out: dict[str, str] = {}
     for name, value in vars(cls).items():
         function = getattr(value, "fget", value)
