@@ -5,8 +5,13 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
 from warcore.core import DecisionCache, get_decision_cache, get_plugin_manager
 from warcore.engine import Engine, EngineConfig, synthetic_trace
+
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
 
 
 def _entries_of(backend: object) -> list[object]:
