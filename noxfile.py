@@ -3,17 +3,24 @@
 The cells are data, in ``matrix.toml`` (which distributions each installs, whether from built
 wheels, which pluggy versions it runs against); this file only knows how to run a cell. Each
 cell is its own virtual environment with the distributions installed for real (one cell from
-built wheels, not editable), and runs the core suite (``-m "not slow and not cuda"``; tests of
-plugins a cell lacks skip themselves), each installed distribution's own tests, and
-tests/plugins/test_installed_matrix.py, which checks that ``warcore plugins --json`` and
-``warcore matrix --json`` describe exactly the entry points the cell's distributions declare.
+built wheels, not editable), and runs each installed distribution's own tests and, of the core
+suite (``-m "not slow and not cuda"``), the tests whose outcome can depend on what the cell
+installs: pytest's ``--matrix-cell`` keeps a test marked ``installed`` or ``plugins(...)`` (the
+latter skips where its plugins are missing) or not marked at all, and leaves a test marked
+``plugin_agnostic`` or ``isolated`` to the main job (``scripts/test.sh`` runs every test; an
+``isolated`` test that touches an installed plugin fails there). A session on a pluggy version
+other than ``newest``, the one the main job runs on, runs the whole core suite: every hook call
+goes through pluggy. The rule and the markers: tests/_support/cells.py, docs/matrix.md.
+tests/plugins/test_installed_matrix.py checks that ``warcore plugins --json`` and ``warcore
+matrix --json`` describe exactly the entry points the cell's distributions declare; the wheel
+cell also checks that every file of each source tree's packages is in its wheel.
 
 torch is installed once, into ``.nox/_torch``, and every cell sees it through a ``.pth`` file
 written before anything else is installed (so pip finds the requirement satisfied and never
 downloads a multi-GB CUDA build). Run all cells with ``nox -s matrix``, one with
 ``nox -s "matrix(cell='none', pluggy='newest')"``; ``-- --plugin PATH`` (repeatable) installs
 one more distribution (a source tree or a wheel) into every cell run. The rest of the
-arguments after ``--`` go to pytest. See docs/plugin-matrix.md.
+arguments after ``--`` go to pytest. See docs/matrix.md.
 
 ``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
 sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``;
@@ -50,6 +57,9 @@ TORCH = "torch==2.13.0"
 TORCH_ENV = ROOT / ".nox" / "_torch"
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "numpy"]
 ENTRY_POINT_GROUP = "warcore"
+MAIN_PLUGGY = "newest"
+"""The ``[pluggy]`` entry the main job runs on (``.venv`` resolves pyproject.toml's ``pluggy``
+range to the newest release): a cell on it runs only the core tests ``--matrix-cell`` keeps."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +253,8 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
     session.run("warcore", "plugins", env=env)
     pytest_args = ["-q", "-m", "not slow and not cuda", "-p", "no:cacheprovider"]
     pytest_args += ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+    if pluggy == MAIN_PLUGGY:
+        pytest_args.append("--matrix-cell")  # the rest of the core suite is the main job's
     own_tests = [str(d.tests) for d in distributions if d.tests is not None]
     session.run(
         "python",
