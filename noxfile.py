@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,8 +93,7 @@ class Distribution:
                 dict(parser[ENTRY_POINT_GROUP]) if parser.has_section(ENTRY_POINT_GROUP) else {}
             )
         else:
-            project = tomllib.loads((self.path / "pyproject.toml").read_text())["project"]
-            table = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+            table = _project(self.path).get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
         return {name: value.split(":")[0].strip() for name, value in table.items()}
 
 
@@ -197,20 +197,59 @@ def _plugin_options(session: nox.Session) -> tuple[list[Distribution], list[str]
     return extra, rest
 
 
-def _install(session: nox.Session, distributions: Sequence[Distribution], wheels: bool) -> None:
-    """warcore and ``distributions`` in one pip call: editable source trees, or (``wheels``)
-    wheels built from them; a distribution given as a wheel is installed as it is."""
-    trees = [str(ROOT), *(str(d.path) for d in distributions if d.path.suffix != ".whl")]
+def _install(
+    session: nox.Session, distributions: Sequence[Distribution], wheels: bool, tools: Sequence[str]
+) -> None:
+    """``tools``, warcore and ``distributions`` in one pip call: editable source trees, or
+    (``wheels``) wheels built from them and checked to hold their packages' every file; a
+    distribution given as a wheel is installed as it is. This repository's trees build with the
+    setuptools virtualenv puts in the cell (pip checks it satisfies their ``build-system``),
+    not each in an isolated build environment of its own; a third-party tree gets pip's
+    default."""
+    trees = [ROOT, *(d.path for d in distributions if d.path.suffix != ".whl")]
     given = [str(d.path) for d in distributions if d.path.suffix == ".whl"]
+    ours = all(tree == ROOT or ROOT in tree.parents for tree in trees)
+    build = ["--no-build-isolation", "--check-build-dependencies"] if ours else []
     if wheels:
         built = Path(session.create_tmp()) / "wheels"
         shutil.rmtree(built, ignore_errors=True)
-        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(built), *trees)
-        session.install(*sorted(_with_engine(str(w)) for w in built.glob("*.whl")), *given)
+        pip_wheel = ["python", "-m", "pip", "wheel", "-q", "--no-deps", *build, "-w", str(built)]
+        session.run(*pip_wheel, *map(str, trees))
+        gaps = _wheel_gaps(built, trees)
+        if gaps:
+            session.error("; ".join(gaps))
+        session.install(*tools, *sorted(_with_engine(str(w)) for w in built.glob("*.whl")), *given)
     else:
         # warcore with its engine extra (torch, which the shared-torch .pth already provides).
-        editable = [f"{trees[0]}[engine]", *trees[1:]]
-        session.install(*(arg for tree in editable for arg in ("-e", tree)), *given)
+        editable = [f"{ROOT}[engine]", *map(str, trees[1:])]
+        session.install(*build, *tools, *(arg for tree in editable for arg in ("-e", tree)), *given)
+
+
+def _wheel_gaps(wheels: Path, trees: Sequence[Path]) -> list[str]:
+    """The files of each source tree's packages (its wheel's top-level folders) that its wheel
+    lacks, such as a subpackage without an ``__init__.py`` or an undeclared data file: the
+    editable cells import them from the tree, a user's ``pip install`` would not get them."""
+    by_name = {_normalized(_project(tree)["name"]): tree for tree in trees}
+    gaps = []
+    for wheel in sorted(wheels.glob("*.whl")):
+        tree = by_name[_normalized(wheel.name.split("-")[0])]
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+        packages = {n.split("/")[0] for n in names if "/" in n}
+        for package in sorted(p for p in packages if not p.endswith((".dist-info", ".data"))):
+            for path in sorted((tree / package).rglob("*")):
+                name = path.relative_to(tree).as_posix()
+                if path.is_file() and "__pycache__" not in path.parts and name not in names:
+                    gaps.append(f"{wheel.name} lacks {name}")
+    return gaps
+
+
+def _project(tree: Path) -> dict[str, Any]:
+    return dict(tomllib.loads((tree / "pyproject.toml").read_text())["project"])
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def _with_engine(wheel: str) -> str:
@@ -239,8 +278,7 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
         if not distribution.path.exists():
             session.skip(f"{distribution.path} is not in this checkout")
     _share_torch(session)
-    session.install(PLUGGY[pluggy], *TEST_TOOLS)
-    _install(session, distributions, CELLS[cell].wheels)
+    _install(session, distributions, CELLS[cell].wheels, [PLUGGY[pluggy], *TEST_TOOLS])
     # Run from outside the checkout, so `import warcore` finds what the cell installed (the
     # wheels, in the wheel cell) rather than the source tree in the current directory.
     session.chdir(session.create_tmp())
