@@ -82,7 +82,7 @@ def recording() -> Iterator[set[str]]:
     try:
         yield sink
     finally:
-        _sinks.remove(sink)
+        _sinks[:] = [s for s in _sinks if s is not sink]  # not remove(): equal sets differ
 
 
 def _of_this_environment(args: Any) -> bool:

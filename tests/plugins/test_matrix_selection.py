@@ -4,10 +4,12 @@ own under this suite's conftest."""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import textwrap
 from pathlib import Path
 
 import pytest
+from _support import cells
 
 pytest_plugins = ["pytester"]
 
@@ -99,3 +101,11 @@ def test_a_cell_keeps_the_installed_the_plugin_marked_and_the_unmarked_tests(
     collected = {line.split("::")[1] for line in result.outlines if "::" in line}
     assert collected == {"test_installed", "test_needs_a_plugin", "test_new_and_unmarked"}
     result.stdout.fnmatch_lines(["*3/8 tests collected (5 deselected)*"])
+
+
+def test_nested_recordings_each_note_what_happened_inside_them() -> None:
+    with cells.recording() as outer:
+        with cells.recording() as inner:
+            pass
+        md.entry_points(group="warcore")
+    assert (inner, outer) == (set(), {"read the installed warcore entry points"})
