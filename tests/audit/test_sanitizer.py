@@ -169,6 +169,7 @@ def test_cli_exit_status_and_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert "valid: " in capsys.readouterr().err
 
 
+@pytest.mark.installed  # every backend and algorithm installed
 @pytest.mark.slow
 def test_cli_all_is_sound_and_explains(capsys: pytest.CaptureFixture[str]) -> None:
     """What a fresh clone runs: every registered combination, sound, exit 0."""
