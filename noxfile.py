@@ -227,8 +227,8 @@ def _install(
 
 def _wheel_gaps(wheels: Path, trees: Sequence[Path]) -> list[str]:
     """The files of each source tree's packages (its wheel's top-level folders) that its wheel
-    lacks, such as a subpackage without an ``__init__.py`` or an undeclared data file: the
-    editable cells import them from the tree, a user's ``pip install`` would not get them."""
+    lacks, such as a data file not declared as package data: the editable cells read them
+    from the tree, a user's ``pip install`` would not get them."""
     by_name = {_normalized(_project(tree)["name"]): tree for tree in trees}
     gaps = []
     for wheel in sorted(wheels.glob("*.whl")):
