@@ -3,17 +3,24 @@
 The cells are data, in ``matrix.toml`` (which distributions each installs, whether from built
 wheels, which pluggy versions it runs against); this file only knows how to run a cell. Each
 cell is its own virtual environment with the distributions installed for real (one cell from
-built wheels, not editable), and runs the core suite (``-m "not slow and not cuda"``; tests of
-plugins a cell lacks skip themselves), each installed distribution's own tests, and
-tests/plugins/test_installed_matrix.py, which checks that ``warcore plugins --json`` and
-``warcore matrix --json`` describe exactly the entry points the cell's distributions declare.
+built wheels, not editable), and runs each installed distribution's own tests and, of the core
+suite (``-m "not slow and not cuda"``), the tests whose outcome can depend on what the cell
+installs: pytest's ``--matrix-cell`` keeps a test marked ``installed`` or ``plugins(...)`` (the
+latter skips where its plugins are missing) or not marked at all, and leaves a test marked
+``plugin_agnostic`` or ``isolated`` to the main job (``scripts/test.sh`` runs every test; an
+``isolated`` test that touches an installed plugin fails there). A session on a pluggy version
+other than ``newest``, the one the main job runs on, runs the whole core suite: every hook call
+goes through pluggy. The rule and the markers: tests/_support/cells.py, docs/matrix.md.
+tests/plugins/test_installed_matrix.py checks that ``warcore plugins --json`` and ``warcore
+matrix --json`` describe exactly the entry points the cell's distributions declare; the wheel
+cell also checks that every file of each source tree's packages is in its wheel.
 
 torch is installed once, into ``.nox/_torch``, and every cell sees it through a ``.pth`` file
 written before anything else is installed (so pip finds the requirement satisfied and never
 downloads a multi-GB CUDA build). Run all cells with ``nox -s matrix``, one with
 ``nox -s "matrix(cell='none', pluggy='newest')"``; ``-- --plugin PATH`` (repeatable) installs
 one more distribution (a source tree or a wheel) into every cell run. The rest of the
-arguments after ``--`` go to pytest. See docs/plugin-matrix.md.
+arguments after ``--`` go to pytest. See docs/matrix.md.
 
 ``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
 sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``;
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +62,9 @@ TORCH = "torch==2.13.0"
 TORCH_ENV = ROOT / ".nox" / "_torch"
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "numpy"]
 ENTRY_POINT_GROUP = "warcore"
+MAIN_PLUGGY = "newest"
+"""The ``[pluggy]`` entry the main job runs on (``.venv`` resolves pyproject.toml's ``pluggy``
+range to the newest release): a cell on it runs only the core tests ``--matrix-cell`` keeps."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +97,7 @@ class Distribution:
                 dict(parser[ENTRY_POINT_GROUP]) if parser.has_section(ENTRY_POINT_GROUP) else {}
             )
         else:
-            project = tomllib.loads((self.path / "pyproject.toml").read_text())["project"]
-            table = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+            table = _project(self.path).get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
         return {name: value.split(":")[0].strip() for name, value in table.items()}
 
 
@@ -191,20 +201,59 @@ def _plugin_options(session: nox.Session) -> tuple[list[Distribution], list[str]
     return extra, rest
 
 
-def _install(session: nox.Session, distributions: Sequence[Distribution], wheels: bool) -> None:
-    """warcore and ``distributions`` in one pip call: editable source trees, or (``wheels``)
-    wheels built from them; a distribution given as a wheel is installed as it is."""
-    trees = [str(ROOT), *(str(d.path) for d in distributions if d.path.suffix != ".whl")]
+def _install(
+    session: nox.Session, distributions: Sequence[Distribution], wheels: bool, tools: Sequence[str]
+) -> None:
+    """``tools``, warcore and ``distributions`` in one pip call: editable source trees, or
+    (``wheels``) wheels built from them and checked to hold their packages' every file; a
+    distribution given as a wheel is installed as it is. This repository's trees build with the
+    setuptools virtualenv puts in the cell (pip checks it satisfies their ``build-system``),
+    not each in an isolated build environment of its own; a third-party tree gets pip's
+    default."""
+    trees = [ROOT, *(d.path for d in distributions if d.path.suffix != ".whl")]
     given = [str(d.path) for d in distributions if d.path.suffix == ".whl"]
+    ours = all(tree == ROOT or ROOT in tree.parents for tree in trees)
+    build = ["--no-build-isolation", "--check-build-dependencies"] if ours else []
     if wheels:
         built = Path(session.create_tmp()) / "wheels"
         shutil.rmtree(built, ignore_errors=True)
-        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(built), *trees)
-        session.install(*sorted(_with_engine(str(w)) for w in built.glob("*.whl")), *given)
+        pip_wheel = ["python", "-m", "pip", "wheel", "-q", "--no-deps", *build, "-w", str(built)]
+        session.run(*pip_wheel, *map(str, trees))
+        gaps = _wheel_gaps(built, trees)
+        if gaps:
+            session.error("; ".join(gaps))
+        session.install(*tools, *sorted(_with_engine(str(w)) for w in built.glob("*.whl")), *given)
     else:
         # warcore with its engine extra (torch, which the shared-torch .pth already provides).
-        editable = [f"{trees[0]}[engine]", *trees[1:]]
-        session.install(*(arg for tree in editable for arg in ("-e", tree)), *given)
+        editable = [f"{ROOT}[engine]", *map(str, trees[1:])]
+        session.install(*build, *tools, *(arg for tree in editable for arg in ("-e", tree)), *given)
+
+
+def _wheel_gaps(wheels: Path, trees: Sequence[Path]) -> list[str]:
+    """The files of each source tree's packages (its wheel's top-level folders) that its wheel
+    lacks, such as a data file not declared as package data: the editable cells read them
+    from the tree, a user's ``pip install`` would not get them."""
+    by_name = {_normalized(_project(tree)["name"]): tree for tree in trees}
+    gaps = []
+    for wheel in sorted(wheels.glob("*.whl")):
+        tree = by_name[_normalized(wheel.name.split("-")[0])]
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+        packages = {n.split("/")[0] for n in names if "/" in n}
+        for package in sorted(p for p in packages if not p.endswith((".dist-info", ".data"))):
+            for path in sorted((tree / package).rglob("*")):
+                name = path.relative_to(tree).as_posix()
+                if path.is_file() and "__pycache__" not in path.parts and name not in names:
+                    gaps.append(f"{wheel.name} lacks {name}")
+    return gaps
+
+
+def _project(tree: Path) -> dict[str, Any]:
+    return dict(tomllib.loads((tree / "pyproject.toml").read_text())["project"])
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def _with_engine(wheel: str) -> str:
@@ -233,8 +282,7 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
         if not distribution.path.exists():
             session.skip(f"{distribution.path} is not in this checkout")
     _share_torch(session)
-    session.install(PLUGGY[pluggy], *TEST_TOOLS)
-    _install(session, distributions, CELLS[cell].wheels)
+    _install(session, distributions, CELLS[cell].wheels, [PLUGGY[pluggy], *TEST_TOOLS])
     # Run from outside the checkout, so `import warcore` finds what the cell installed (the
     # wheels, in the wheel cell) rather than the source tree in the current directory.
     session.chdir(session.create_tmp())
@@ -247,6 +295,8 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
     session.run("warcore", "plugins", env=env)
     pytest_args = ["-q", "-m", "not slow and not cuda", "-p", "no:cacheprovider"]
     pytest_args += ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+    if pluggy == MAIN_PLUGGY:
+        pytest_args.append("--matrix-cell")  # the rest of the core suite is the main job's
     own_tests = [str(d.tests) for d in distributions if d.tests is not None]
     session.run(
         "python",

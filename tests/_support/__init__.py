@@ -1,7 +1,9 @@
 """Helpers shared by the test modules: not tests, and never a test module imported by another.
 
 ``fake_dists`` (fake plugin distributions), ``engine`` (an independent oracle, test backends
-and plugins for the engine), ``audit`` (backends and plugins for the sanitizer and tracer), and
+and plugins for the engine), ``audit`` (backends and plugins for the sanitizer and tracer),
+``cells`` (which tests a plugin-matrix cell runs, and what a test touched of the installed
+plugins), and
 here :func:`fresh_manager`, which builds a manager over the installed entry points (the test
 kit's ``warcore.testing.make_plugin_manager`` builds one over the entry points it is told).
 Fixtures are in ``tests/conftest.py``; pytest puts ``tests/`` on ``sys.path`` (``pythonpath``

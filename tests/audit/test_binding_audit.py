@@ -12,6 +12,9 @@ from _support.audit import TINY_MODEL
 from warcore.audit.sanitizer import sanitize
 from warcore.testing import BindingWarning, assert_declarations_sound
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 
 def test_sanitize_reports_every_barrier_bound_and_no_finding() -> None:
     report = sanitize("torch_native", "none", model=TINY_MODEL, requests=6)

@@ -29,6 +29,9 @@ from warcore.audit.ranks import (
 )
 from warcore.core import WarcorePluginManager
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 CELLS = [
     ("torch_native", ForwardMode.DECODE, BoundaryContext("none")),
     ("torch_native", ForwardMode.TARGET_VERIFY, BoundaryContext("eagle")),

@@ -20,6 +20,9 @@ from warcore.audit._poison import SharedBufferPoison
 from warcore.audit.sanitizer import SanitizeReport, sanitize
 from warcore.testing import DeclaredBackend, make_plugin_manager
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 SMALL: dict[str, Any] = {"requests": 3, "max_running": 2, "model": TINY_MODEL}
 """A tiny trace (three requests: prefill and decode), two graph buckets, a two-layer model."""
 
@@ -150,6 +153,7 @@ def test_a_drafter_reading_after_the_verify_is_caught_in_its_own_step() -> None:
     assert sanitize("wctest_peek_native", "dflash", pm=pm, num_draft=2, **SMALL).sound
 
 
+@pytest.mark.plugin_agnostic
 def test_cli_exit_status_and_rows(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["sanitize", "--backend", "torch_native", "--algorithm", "none", "--requests", "3"]
     assert cli.main(args) == 0
@@ -165,6 +169,7 @@ def test_cli_exit_status_and_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert "valid: " in capsys.readouterr().err
 
 
+@pytest.mark.installed  # every backend and algorithm installed
 @pytest.mark.slow
 def test_cli_all_is_sound_and_explains(capsys: pytest.CaptureFixture[str]) -> None:
     """What a fresh clone runs: every registered combination, sound, exit 0."""

@@ -16,6 +16,9 @@ import pytest
 from warcore import cli
 from warcore.bench import startup as bench_startup
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 TINY = ["--requests", "3", "--repeat", "1", "--layer-ms", "0", "--quiet"]
 

@@ -16,6 +16,9 @@ from _support.fake_dists import run_warcore
 
 from warcore import cli
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 # Every command that takes --flag, with the arguments it needs to get as far as running.
 FLAG_COMMANDS = {
     "matrix": ["matrix"],

@@ -17,6 +17,9 @@ import pytest
 from warcore import BackendSpec, hookimpl
 from warcore.cli import main
 
+# what is installed is what these check: every plugin-matrix cell runs them
+pytestmark = pytest.mark.installed
+
 
 def _matrix(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
     assert main(["matrix", "--json", *args]) == 0

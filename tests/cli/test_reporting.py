@@ -19,6 +19,9 @@ from warcore.audit.sanitizer import SanitizeReport
 from warcore.cli.run import format_report
 from warcore.engine import Engine, EngineConfig, synthetic_trace
 
+# what is installed is what these check: every plugin-matrix cell runs them
+pytestmark = pytest.mark.installed
+
 
 class Medusa:
     """An algorithm whose family the reference engine cannot run."""
@@ -155,6 +158,7 @@ def _breakdown(report_text: str) -> tuple[int, dict[str, int]]:
     return int(match.group(1)), parts
 
 
+@pytest.mark.plugin_agnostic
 @pytest.mark.parametrize("loop", ["overlap", "serial"])
 @pytest.mark.parametrize("algorithm", ["none", "eagle"])
 def test_the_step_breakdown_adds_up(loop: str, algorithm: str) -> None:
@@ -173,6 +177,7 @@ def test_the_step_breakdown_adds_up(loop: str, algorithm: str) -> None:
 # -- a reader that goes away ---------------------------------------------------------------
 
 
+@pytest.mark.plugin_agnostic
 @pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
 @pytest.mark.parametrize("command", [["matrix", "--json"], ["matrix"]])
 def test_a_closed_pipe_ends_the_command_quietly(command: list[str]) -> None:

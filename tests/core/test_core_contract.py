@@ -18,6 +18,9 @@ import warcore.core
 from warcore import BoundaryContext, ForwardMode, SharedReadBoundary, hookimpl
 from warcore.core import WarcorePluginManager, resolve_shared_read_boundary
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 ROOT = Path(__file__).parents[2]
 
 TORCH_FREE = """
@@ -51,6 +54,7 @@ print(json.dumps({"loaded": loaded, "cells": cells, "backends": sorted(registry.
 """
 
 
+@pytest.mark.installed
 def test_import_check_matrix_plugins_and_resolving_everything_leave_torch_unloaded() -> None:
     done = subprocess.run(
         [sys.executable, "-c", TORCH_FREE], capture_output=True, text=True, timeout=300
@@ -62,6 +66,7 @@ def test_import_check_matrix_plugins_and_resolving_everything_leave_torch_unload
     assert result["cells"] > 0
 
 
+@pytest.mark.plugin_agnostic
 @pytest.mark.clean_install  # a broken plugin adds its load warning to stderr
 def test_a_command_that_runs_a_forward_says_in_one_line_that_it_needs_torch() -> None:
     # torch blocked in this process (None in sys.modules: "import torch" raises), as it is
@@ -83,6 +88,7 @@ def test_a_command_that_runs_a_forward_says_in_one_line_that_it_needs_torch() ->
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.plugin_agnostic
 def test_a_lazy_package_name_says_it_needs_torch() -> None:
     script = textwrap.dedent(
         """

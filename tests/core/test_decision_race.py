@@ -26,6 +26,9 @@ from warcore.audit.matrix import build_matrix
 from warcore.core import DecisionKey, decide, get_decision_cache
 from warcore.testing import make_plugin_manager
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 B, M, P = SharedReadBoundary, ForwardMode, RecordPoint
 KEY: DecisionKey = (
     RunnerKind.DECODE,

@@ -7,7 +7,12 @@ test_plugin_restrictions.py; these pin the policy itself, case by case.
 
 from __future__ import annotations
 
+import pytest
+
 from warcore.core._select import Candidate, Selection, select_entry_points
+
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
 
 
 def _outcome(selection: Selection, candidates: list[Candidate]) -> list[tuple[str, str, str]]:

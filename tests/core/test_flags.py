@@ -23,6 +23,9 @@ from warcore.core import (
 )
 from warcore.engine import Engine, EngineConfig
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 TYPO = "nccl_allgather_in_overlapp"
 
 

@@ -30,6 +30,9 @@ from warcore.core import WarcorePluginManager, decide
 from warcore.engine.steps import EAGLE_STEP
 from warcore.testing import DeclaredAlgorithm, make_plugin_manager
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 M = ForwardMode
 ALGORITHM = "wctest_spec"
 DEFINER, INTRUDER = "wctest_definer", "wctest_intruder"

@@ -39,6 +39,9 @@ from warcore.audit.sanitizer import sanitize
 from warcore.core import WarcorePluginManager, decide
 from warcore.testing import make_plugin_manager
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 M, B, P = ForwardMode, SharedReadBoundary, RecordPoint
 PLUGIN = "wctest_backends"
 SMALL: dict[str, Any] = {"requests": 3, "max_running": 2, "model": TINY_MODEL}
@@ -229,6 +232,7 @@ def warcore_attention_backends():
 """
 
 
+@pytest.mark.plugin_agnostic
 def test_warcore_check_prints_the_note_and_still_passes(fake: FakeDists) -> None:
     fake.add("wctest_unaudited", UNDECLARED)
     check = run_warcore("check", env=fake.env(WARCORE_PLUGINS="wctest_unaudited"))

@@ -46,6 +46,9 @@ from warcore.core import (
     resolve_war_publish_phase,
 )
 
+# what is installed is what these check: every plugin-matrix cell runs them
+pytestmark = pytest.mark.installed
+
 
 def _warcore(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return run_warcore(*args, env=env)
@@ -385,6 +388,7 @@ RAISING = (
 )
 
 
+@pytest.mark.plugin_agnostic
 @pytest.mark.parametrize("algorithm", ["none", "eagle"])
 def test_a_raising_hook_is_logged_once_per_hook_in_a_whole_run(
     fake: FakeDists, algorithm: str

@@ -35,6 +35,9 @@ from warcore.core import (
     get_registry,
 )
 
+# what is installed is what these check: every plugin-matrix cell runs them
+pytestmark = pytest.mark.installed
+
 
 def _imports(marker: Path) -> int:
     return len(marker.read_text().splitlines()) if marker.exists() else 0
@@ -308,6 +311,7 @@ def test_an_empty_allowlist_still_loads_none() -> None:
 # -- every command honours the restrictions ---------------------------------------------------
 
 
+@pytest.mark.plugin_agnostic
 @pytest.mark.parametrize(
     "env",
     [
@@ -335,6 +339,7 @@ def test_bench_startup_children_never_import_a_blocked_plugin(
     assert result["restrictions"] == env
 
 
+@pytest.mark.plugin_agnostic
 @pytest.mark.parametrize(
     "env",
     [{"WARCORE_DISABLE_PLUGINS": "warcore-fake-spy:wctest_spy"}, {"WARCORE_PLUGINS": "dflash"}],

@@ -40,6 +40,9 @@ from warcore import (
 from warcore.core import BUILTIN_PLUGIN_NAME, DecisionKey, WarcorePluginManager, get_decision_cache
 from warcore.testing import make_plugin_manager
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 T = TypeVar("T")
 
 # -- plugins without a source file ------------------------------------------------------------

@@ -25,6 +25,9 @@ from warcore.engine import Engine, EngineConfig
 from warcore.engine.steps import DFLASH_STEP, EAGLE_STEP, NONE_STEP, engine_problem
 from warcore.testing import DeclaredAlgorithm, assert_declarations_sound, assert_matches_serial
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 EXTEND, DECODE, VERIFY = ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY
 
 
@@ -137,6 +140,7 @@ def test_engine_problem_says_why_a_step_cannot_run(spec: AlgorithmSpec, problem:
 # -- resolution: the step answers when no hook does ------------------------------------------
 
 
+@pytest.mark.plugin_agnostic
 def test_a_step_answers_the_publish_phase_and_owner_when_no_plugin_does(
     make_warcore_pm: Callable[..., WarcorePluginManager],
 ) -> None:
@@ -189,6 +193,7 @@ class OtherShapes:
         ]
 
 
+@pytest.mark.installed
 def test_check_reports_unrunnable_algorithms_and_hooks_contradicting_steps(
     make_warcore_pm: Callable[..., WarcorePluginManager],
 ) -> None:
@@ -211,6 +216,7 @@ def test_check_reports_unrunnable_algorithms_and_hooks_contradicting_steps(
         "'draft'" in problems  # fmt: skip
 
 
+@pytest.mark.plugin_agnostic
 def test_an_unrunnable_algorithm_is_skipped_by_sanitize_and_refused_by_run(
     make_warcore_pm: Callable[..., WarcorePluginManager],
     register_for_test: Callable[..., Any],
@@ -251,6 +257,7 @@ def test_k_draft_verify_runs_matches_the_serial_loop_and_is_sound(
     assert reports[0].checked > 0
 
 
+@pytest.mark.plugin_agnostic
 def test_k_draft_verify_runs_with_warcore_run(
     register_for_test: Callable[..., Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -36,6 +36,9 @@ from warcore.core import LoaderConfig, WarcorePluginManager, decide, get_decisio
 from warcore.engine import Engine, EngineConfig, SchedulerConfig, synthetic_trace
 from warcore.testing import DeclaredBackend, make_plugin_manager
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 B, M, P = SharedReadBoundary, ForwardMode, RecordPoint
 PLANTED, EAGER = Execution.GRAPH_PLANTED, Execution.EAGER
 SMALL: dict[str, Any] = {"requests": 4, "max_running": 2, "num_draft": 2, "model": TINY_MODEL}
@@ -62,6 +65,7 @@ class GraphOnly(TorchNativeBackend):
 # -- eager forwards --------------------------------------------------------------------------
 
 
+@pytest.mark.installed
 @pytest.mark.parametrize(
     ("declarations", "eager", "mode", "execution", "point", "source"),
     [

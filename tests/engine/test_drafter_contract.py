@@ -28,6 +28,9 @@ from warcore.engine.drafter import DraftInput
 from warcore.engine.steps import DFLASH_STEP, EAGLE_STEP
 from warcore.testing import DeclaredAlgorithm, make_plugin_manager
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 TRACE = {"prompt_len": (4, 10), "output_len": (3, 12)}
 
 

@@ -14,6 +14,9 @@ from warcore import ForwardMode, RecordPoint, SharedReadBoundary
 from warcore.core import LoaderConfig, UnknownNameError, WarcorePluginManager, get_plugin_manager
 from warcore.engine import Engine, EngineConfig, Request, RunReport, synthetic_trace
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 TRACE = synthetic_trace(64, seed=7)
 
 

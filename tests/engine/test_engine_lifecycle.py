@@ -11,6 +11,9 @@ import pytest
 from warcore.core import DecisionCache, get_decision_cache, get_plugin_manager
 from warcore.engine import Engine, EngineBusy, EngineConfig, RunReport, synthetic_trace
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 
 def _entries_of(backend: object) -> list[object]:
     cache = get_decision_cache(get_plugin_manager())

@@ -14,6 +14,9 @@ from warcore.device import EventRing, RingTooShallow, WaitBinding, get_device
 from warcore.engine import Engine, EngineConfig, SchedulerConfig, synthetic_trace
 from warcore.runners import ReadDoneMailbox
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 SMALL = {"model": TINY_MODEL, "scheduler": SchedulerConfig(max_running=4), "num_slots": 512}
 
 

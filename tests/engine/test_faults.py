@@ -20,6 +20,9 @@ from warcore.attention.torch_native import TorchNativeBackend
 from warcore.batch import ForwardBatch
 from warcore.engine import Engine, EngineConfig, EngineFailed, Request, synthetic_trace
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 TRACE = synthetic_trace(24, seed=9, output_len=(2, 12))
 
 

@@ -27,6 +27,9 @@ from warcore.engine import builtin_plugin as core
 from warcore.engine.hicache import HostKVTier, copy_order_problem, slot_ready_step
 from warcore.testing import make_plugin_manager
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 HICACHE = (("hicache", True),)
 TRIES = 3
 """Race runs: a hazard must corrupt tokens in at least one of this many runs."""

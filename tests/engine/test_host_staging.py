@@ -22,6 +22,9 @@ from warcore.device import Device, get_device
 from warcore.engine import Engine, EngineConfig, SchedulerConfig, synthetic_trace
 from warcore.testing import DeclaredBackend, make_plugin_manager
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 PRE, IN, POST = (
     SharedReadBoundary.PRE_REPLAY,
     SharedReadBoundary.IN_REPLAY,

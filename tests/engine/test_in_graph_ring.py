@@ -19,6 +19,9 @@ from warcore.device import RingTooShallow, WaitBinding
 from warcore.engine import Engine, EngineConfig, RunReport, SchedulerConfig, synthetic_trace
 from warcore.runners import ForwardProbe, ModelRunner
 
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
+
 SMALL = {"model": TINY_MODEL, "scheduler": SchedulerConfig(max_running=4), "num_slots": 512}
 TRACE = synthetic_trace(6, seed=1, output_len=(3, 8))
 

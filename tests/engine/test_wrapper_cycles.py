@@ -14,6 +14,7 @@ import json
 import types
 from typing import Any
 
+import pytest
 from _support.fake_dists import FakeDists, run_warcore
 
 from warcore import (
@@ -28,6 +29,9 @@ from warcore import (
 from warcore.attention.torch_native import TorchNativeBackend
 from warcore.audit.matrix import build_matrix, find_problems
 from warcore.testing import make_plugin_manager
+
+# whatever is installed, these check the built-ins and wctest_ fixtures: main job only
+pytestmark = pytest.mark.plugin_agnostic
 
 PLUGIN = "wctest_cycles"
 BROKEN = {"wctest_ping", "wctest_pong", "wctest_selfish", "wctest_none_child", "wctest_int_child"}

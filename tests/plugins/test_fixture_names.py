@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 PREFIX = "wctest_"
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -190,6 +193,7 @@ def _installed_offers() -> set[str]:
     return names
 
 
+@pytest.mark.installed
 def test_no_installed_plugin_uses_the_reserved_prefix() -> None:
     taken = sorted(n for n in _installed_offers() if n.startswith(PREFIX))
     if taken:

@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+# what is installed is what these check: every plugin-matrix cell runs them
+pytestmark = pytest.mark.installed
+
 PUBLISHING_AT_EXTEND = {"none", "dflash", "dspark", "ngram"}  # eagle's prefill does not publish
 OUR_ALGORITHMS = PUBLISHING_AT_EXTEND | {"eagle"}
 """The core's and this repository's algorithms, whose publish phases the docs document."""

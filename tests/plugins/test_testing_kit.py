@@ -20,11 +20,15 @@ from warcore.testing import (
     make_plugin_manager,
 )
 
+# no installed plugin reaches these (checked): the matrix cells leave them to the main job
+pytestmark = pytest.mark.isolated
+
 pytest_plugins = ["pytester"]
 
 FAST: dict[str, Any] = {"requests": 3, "max_running": 2, "model": TINY_MODEL}
 
 
+@pytest.mark.plugin_agnostic
 def test_managers_hold_only_what_they_are_given() -> None:
     bare = make_plugin_manager()
     registry = get_registry(bare)
