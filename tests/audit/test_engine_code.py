@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from warcore.audit import engine_code
+
+# pure inspection of this file's own functions: no plugin, no process
+pytestmark = pytest.mark.isolated
 
 _ORIGINAL = '''
 def decide(self, fm):

@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from warcore.audit.post_import import PostImportFinder
+
+# an import hook on modules the test writes: no plugin, no process
+pytestmark = pytest.mark.isolated
 
 
 def test_the_callback_runs_once_after_the_module_is_executed(tmp_path: Path) -> None:

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# real subprocesses of warcore run, soak and bench: the signal handling, whatever the plugins
+pytestmark = pytest.mark.plugin_agnostic
+
 STARTED_WITHIN_S = 180.0
 STOPPED_WITHIN_S = 60.0
 
