@@ -18,13 +18,13 @@ Standard library only; pure inspection: nothing here changes the engine.
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
 import importlib.util
 import inspect
 import linecache
 import re
 import textwrap
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
@@ -225,11 +225,17 @@ def calls(function: Callable[..., Any], name: str) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=256)
+_SOURCES: weakref.WeakKeyDictionary[type, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
 def method_sources(cls: type) -> dict[str, str]:
     """The source of each method ``cls`` itself defines (a property's getter, a class or static
     method's function), by name: what :func:`assigns` and an integration's own checks search.
-    Read once per class (each block is tokenized to find where it ends)."""
+    Read once per class (each block is tokenized to find where it ends), and kept only while
+    the class lives."""
+    found = _SOURCES.get(cls)
+    if found is not None:
+        return found
     out: dict[str, str] = {}
     for name, value in vars(cls).items():
         function = getattr(value, "fget", value)
@@ -240,6 +246,7 @@ def method_sources(cls: type) -> dict[str, str]:
         lines = linecache.getlines(code.co_filename)
         if lines:
             out[name] = _block(lines, code.co_firstlineno)
+    _SOURCES[cls] = out
     return out
 
 
