@@ -255,21 +255,28 @@ def describe_sglang() -> str:
     return f"sglang {version} at {where} (commit {commit or 'unknown'})"
 
 
-def _take_off(check: str, detail: str) -> None:
-    """A shape check (or a patch) failed: put everything back; sglang's own decisions apply."""
+def _off() -> _state.State | None:
+    """Put every patched attribute back and drop every cached answer; the state that was on."""
     with _state.lock:
         state = _state.current
-        if state is None:
-            return
-        _restore(state)
-        _state.current = None
-        _state.drop_caches()
-        reason = (
-            f"{describe_sglang()} differs from the audited {state.version} at {check}: "
-            f"{detail}; sglang's own barrier decisions apply"
-        )
-        _state.degraded = reason
-        _state.degraded_check = check
+        if state is not None:
+            _restore(state)
+            _state.current = None
+            _state.drop_caches()
+        return state
+
+
+def _take_off(check: str, detail: str) -> None:
+    """A shape check (or a patch) failed: put everything back; sglang's own decisions apply."""
+    state = _off()
+    if state is None:
+        return
+    reason = (
+        f"{describe_sglang()} differs from the audited {state.version} at {check}: "
+        f"{detail}; sglang's own barrier decisions apply"
+    )
+    _state.degraded = reason
+    _state.degraded_check = check
     _tell(state, reason)
 
 
@@ -394,11 +401,5 @@ def _restore(state: _state.State) -> None:
 def uninstall() -> None:
     """Restore every attribute :func:`install` patched (the very objects sglang defined) and
     remove the post-import hook; cached answers are dropped (idempotent)."""
-    with _state.lock:
-        state = _state.current
-        if state is None:
-            return
-        _restore(state)
-        _state.current = None
-        _state.drop_caches()
-    logger.info("warcore-sglang: uninstalled from process %d", os.getpid())
+    if _off() is not None:
+        logger.info("warcore-sglang: uninstalled from process %d", os.getpid())
