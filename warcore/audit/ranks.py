@@ -30,6 +30,7 @@ the same are in agreement.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -320,10 +321,6 @@ def _exchange(
         store.set(f"{prefix}/{me}", json.dumps(payload))
         _wait(store, prefix, me, ranks, timeout, deadline)
         gathered = [json.loads(store.get(f"{prefix}/{r}")) for r in ranks]
-        read = store.add(f"{prefix}/read", 1)
-        while read < len(ranks) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-            read = store.add(f"{prefix}/read", 0)
     except RankCheckTimeout:
         raise
     except Exception as exc:  # the store's process ended (rank 0's, usually)
@@ -332,7 +329,19 @@ def _exchange(
             f"went away during the check ({type(exc).__name__}: {exc}): the rank holding it "
             "(rank 0 with a TCP store) ended first; its log says why"
         ) from None
+    _confirm_read(store, f"{prefix}/read", len(ranks), deadline)
     return gathered
+
+
+def _confirm_read(store: Any, key: str, ranks: int, deadline: float) -> None:
+    """Say this rank has read every answer, and wait (within the deadline) until every rank
+    has: the rank holding the store outlives the others' reads. The store going away now only
+    means its holder saw every read and left: this rank has all it needs, so it goes on."""
+    with contextlib.suppress(Exception):
+        read = store.add(key, 1)
+        while read < ranks and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            read = store.add(key, 0)
 
 
 def _wait(
