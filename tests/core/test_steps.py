@@ -206,7 +206,8 @@ def test_check_reports_unrunnable_algorithms_and_hooks_contradicting_steps(
     assert "family 'wctest_medusa' is none of the built-in step shapes" in problems
     assert "'wctest_dflash_no_drafter' (plugin 'OtherShapes') is not runnable" in problems
     assert (
-        "algorithm 'wctest_k_draft_verify': its step (prefill: target EXTEND -> draft "
+        "algorithm 'wctest_k_draft_verify': its step (plugin 'ContradictingHooks': prefill: "
+        "target EXTEND -> draft "
         "DRAFT_EXTEND*; decode: draft DECODE xnum_draft -> target TARGET_VERIFY*) says DECODE "
         "is not its last shared reader, but warcore_is_war_publish_phase answers True "
         "(plugin:ContradictingHooks)"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warcore.attention.composite import check_engine_flags
-from warcore.audit.steps import step_problems
+from warcore.audit.steps import StepConflict, step_conflicts, step_problems
 from warcore.core import (
     CONTRACT_MODES,
     ENV_PLUGINS,
@@ -237,7 +237,7 @@ def find_problems(pm: WarcorePluginManager) -> list[str]:
     ]
     problems += get_registry(pm).problems
     problems += step_problems(pm)  # not runnable, or a step its hooks contradict (issue 14)
-    problems += _matrix_problems(rows)
+    problems += _matrix_problems(rows, said=step_conflicts(pm))
     return problems
 
 
@@ -249,16 +249,17 @@ def _failed_plugin(info: PluginInfo) -> str:
     return f"plugin {info.name!r}{_of_distribution(info)} failed: {info.error}"
 
 
-def _matrix_problems(rows: list[MatrixRow]) -> list[str]:
-    """Group identical problems so one broken plugin is one line, not one per matrix cell."""
+def _matrix_problems(rows: list[MatrixRow], said: set[StepConflict]) -> list[str]:
+    """Group identical problems so one broken plugin is one line, not one per matrix cell;
+    leave out the conflicts with an algorithm's step that the step audit ``said``."""
     grouped: dict[str, dict[str, None]] = {}
     for row in rows:
-        for message, where in _row_issues(row):
+        for message, where in _row_issues(row, said):
             grouped.setdefault(message, {})[where] = None
     return [_with_where(message, list(wheres)) for message, wheres in grouped.items()]
 
 
-def _row_issues(row: MatrixRow) -> Iterator[tuple[str, str]]:
+def _row_issues(row: MatrixRow, said: set[StepConflict]) -> Iterator[tuple[str, str]]:
     cell = f"backend {row.backend!r}, mode {row.mode.name}, algorithm {row.algorithm!r}"
     phase = f"algorithm {row.algorithm!r}, mode {row.mode.name}"
     if row.declared.own_conflict:
@@ -268,7 +269,7 @@ def _row_issues(row: MatrixRow) -> Iterator[tuple[str, str]]:
             f"{answers}; using the latest, {row.declared.boundary.name}",
             f"algorithm {row.algorithm!r}",
         )
-    if row.publish.conflict:
+    if row.publish.conflict and (row.algorithm, row.mode) not in said:
         answers = ", ".join(f"{p}={v}" for p, v in sorted(row.publish.answers))
         yield (
             f"conflict: plugins disagree on the publish phase of {phase}: {answers}; "
@@ -292,7 +293,7 @@ def _row_issues(row: MatrixRow) -> Iterator[tuple[str, str]]:
         who = f"the event owner of algorithm {row.algorithm!r}"
         for failure in row.owner.failures:
             yield f"plugin {failure.plugin!r} hook {failure.hook!r} failed: {failure.error}", who
-        if row.owner.source == "default:conflict":
+        if row.owner.source == "default:conflict" and (row.algorithm, None) not in said:
             answers = ", ".join(f"{p}={v}" for p, v in sorted(row.owner.answers))
             yield f"conflict: plugins disagree on {who}: {answers}; no owner (coarse)", who
     for failure in row.publish.failures:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from warcore.core import (
     PUBLISHING_MODES,
+    ForwardMode,
     StepFacts,
     StepSpec,
     WarcorePluginManager,
@@ -24,51 +25,67 @@ from warcore.core import (
 )
 from warcore.engine.steps import engine_problem, step_of
 
-__all__ = ["step_problems"]
+__all__ = ["StepConflict", "step_conflicts", "step_problems"]
+
+StepConflict = tuple[str, ForwardMode | None]
+"""(algorithm, mode) of a publish-phase answer, (algorithm, ``None``) of an event owner's."""
 
 
 def step_problems(pm: WarcorePluginManager) -> list[str]:
     """One line per algorithm the reference engine cannot run, and per hook answer that
     disagrees with the algorithm's step: its own plugin's (the runner follows it) or a third
     party's (a conflict: the coarse fence), each naming the plugin that answered."""
-    problems: list[str] = []
+    return [line for _, line in _problems(pm)]
+
+
+def step_conflicts(pm: WarcorePluginManager) -> set[StepConflict]:
+    """The hooks :func:`step_problems` reports a contradiction of: the matrix's line for the
+    same conflict would say it a second time, without the step."""
+    return {key for key, _ in _problems(pm) if key is not None}
+
+
+def _problems(pm: WarcorePluginManager) -> list[tuple[StepConflict | None, str]]:
+    problems: list[tuple[StepConflict | None, str]] = []
     for name, offer in sorted(get_registry(pm).algorithms.items()):
         spec, plugin = offer.spec, offer.plugin
         if spec.engine != "warcore":
             continue  # another engine's algorithm (declarations only): not the engine's to run
         why = engine_problem(spec)
         if why is not None:
-            problems.append(
-                f"algorithm {name!r} (plugin {plugin!r}) is not runnable by the reference "
-                f"engine: {why}"
-            )
+            line = f"algorithm {name!r} (plugin {plugin!r}) is not runnable by the reference "
+            problems.append((None, line + f"engine: {why}"))
         step = step_of(spec)
         if step is not None:
-            problems += _contradictions(pm, name, step)
+            problems += _contradictions(pm, name, plugin, step)
     return problems
 
 
-def _contradictions(pm: WarcorePluginManager, name: str, step: StepSpec) -> list[str]:
+def _contradictions(
+    pm: WarcorePluginManager, name: str, plugin: str, step: StepSpec
+) -> list[tuple[StepConflict, str]]:
     """Every plugin answer about ``name`` that its ``step`` contradicts."""
-    shape, lines = step.describe(), []
+    shape, lines = step.describe(), list[tuple[StepConflict, str]]()
+    name_and_step = f"algorithm {name!r}: its step (plugin {plugin!r}: {shape})"
     for mode in sorted(PUBLISHING_MODES, key=lambda m: m.name):
         answer = resolve_war_publish_phase(name, mode, pm=pm)
         says = mode in step.publish_modes
         for who, value in _plugin_answers(answer.answers, says):
-            lines.append(
-                f"algorithm {name!r}: its step ({shape}) says {mode.name} is "
+            line = (
+                f"{name_and_step} says {mode.name} is "
                 f"{'' if says else 'not '}its last shared reader, but "
                 f"warcore_is_war_publish_phase answers {value} ({who}); "
                 + _outcome(answer.source, "the runner follows the hook", "nothing publishes")
             )
+            lines.append(((name, mode), line))
     facts = StepFacts(has_draft_model=step.has_draft_model)
     owner = resolve_step_event_owner(name, facts, pm=pm)
     for who, value in _plugin_answers(owner.answers, step.owner):
-        lines.append(
-            f"algorithm {name!r}: its step ({shape}) ends its shared reads on the "
+        line = (
+            f"{name_and_step} ends its shared reads on the "
             f"{step.owner} runner, but warcore_step_event_owner answers {value!r} ({who}); "
             + _outcome(owner.source, "the barrier follows the hook", "no owner")
         )
+        lines.append(((name, None), line))
     return lines
 
 
