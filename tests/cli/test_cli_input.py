@@ -140,6 +140,25 @@ def test_every_numeric_option_has_a_limit_refused_while_parsing(
         assert kind.range in text, (command, option, text)  # --help says it
 
 
+@pytest.mark.parametrize("typo", ["1_0", " 1", "1 ", "\u0661", "0x1", "1,5", "+-1", "1e", ""])
+def test_a_float_option_takes_plain_decimal_numbers_only(
+    typo: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``float()`` takes ``1_0``, spaces and other scripts' digits: typos, as for an int."""
+    from warcore.cli._common import Limit
+
+    floats = [(c, o) for c, o, kind, _ in _numeric_options() if getattr(kind, "kind", 0) is float]
+    assert len(floats) >= 4, floats  # run's and bench's modelled times and fractions
+    for command, option in floats:
+        with pytest.raises(SystemExit) as info:
+            cli._build_parser().parse_args([*command.split(), option, typo])
+        assert info.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"argument {option}" in error and "invalid float value" in error, error
+    for plain in ("2", "0.5", ".5", "5.", "1e-3", "1E2"):
+        assert Limit(float, 0.0, 1e3)(plain) == float(plain)
+
+
 def _documented_limits() -> dict[tuple[str, str], str]:
     """(command, option) -> range, from the table of numeric limits on the CLI's docs page."""
     page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")

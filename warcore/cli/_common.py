@@ -8,6 +8,7 @@ import difflib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -239,7 +240,7 @@ class Limit:
 
     def __call__(self, text: str) -> int | float:
         # ValueError: argparse says "invalid int value"; an int is plain decimal digits only
-        value = parse_decimal(text) if self.kind is int else self.kind(text)
+        value = parse_decimal(text) if self.kind is int else _plain_float(text)
         if not math.isfinite(value) or not self.least <= value <= self.most:
             raise argparse.ArgumentTypeError(f"{self.describe()}, got {text!r}{self.why}")
         return value
@@ -257,6 +258,18 @@ class Limit:
             if self.kind is int
             else f"{self.least:g} to {self.most:,g}"
         )
+
+
+_PLAIN_FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _plain_float(text: str) -> float:
+    """``text`` as a float if it is a plain decimal number (``2``, ``0.5``, ``.5``, ``1e-3``);
+    ``float()`` also takes ``1_0``, surrounding spaces and other scripts' digits, typos on a
+    command line, as :func:`~warcore.core.parse_decimal` refuses them for an int."""
+    if not _PLAIN_FLOAT.fullmatch(text):
+        raise ValueError(f"expected a plain decimal number, got {text!r}")
+    return float(text)
 
 
 REQUESTS = Limit(int, 1, 100_000)
