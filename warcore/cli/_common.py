@@ -260,7 +260,10 @@ class Limit:
         )
 
 
-_PLAIN_FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_PLAIN_FLOAT = re.compile(
+    r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:nan|inf|infinity)",
+    re.IGNORECASE,  # nan and inf are numbers, refused by the range check as not finite
+)
 
 
 def _plain_float(text: str) -> float:
