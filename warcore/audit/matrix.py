@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warcore.attention.composite import check_engine_flags
-from warcore.audit.steps import StepConflict, step_conflicts, step_problems
+from warcore.audit.steps import StepConflict, step_audit
 from warcore.core import (
     CONTRACT_MODES,
     ENV_PLUGINS,
@@ -236,8 +236,9 @@ def find_problems(pm: WarcorePluginManager) -> list[str]:
         if info.status == "active" and not info.hooks
     ]
     problems += get_registry(pm).problems
-    problems += step_problems(pm)  # not runnable, or a step its hooks contradict (issue 14)
-    problems += _matrix_problems(rows, said=step_conflicts(pm))
+    steps = step_audit(pm)  # not runnable, or a step its hooks contradict (issue 14)
+    problems += [line for _, line in steps]
+    problems += _matrix_problems(rows, said={call for call, _ in steps if call is not None})
     return problems
 
 

@@ -25,7 +25,7 @@ from warcore.core import (
 )
 from warcore.engine.steps import engine_problem, step_of
 
-__all__ = ["StepConflict", "step_conflicts", "step_problems"]
+__all__ = ["StepConflict", "step_audit", "step_problems"]
 
 StepConflict = tuple[str, ForwardMode | None]
 """(algorithm, mode) of a publish-phase answer, (algorithm, ``None``) of an event owner's."""
@@ -35,16 +35,13 @@ def step_problems(pm: WarcorePluginManager) -> list[str]:
     """One line per algorithm the reference engine cannot run, and per hook answer that
     disagrees with the algorithm's step: its own plugin's (the runner follows it) or a third
     party's (a conflict: the coarse fence), each naming the plugin that answered."""
-    return [line for _, line in _problems(pm)]
+    return [line for _, line in step_audit(pm)]
 
 
-def step_conflicts(pm: WarcorePluginManager) -> set[StepConflict]:
-    """The hooks :func:`step_problems` reports a contradiction of: the matrix's line for the
-    same conflict would say it a second time, without the step."""
-    return {key for key, _ in _problems(pm) if key is not None}
-
-
-def _problems(pm: WarcorePluginManager) -> list[tuple[StepConflict | None, str]]:
+def step_audit(pm: WarcorePluginManager) -> list[tuple[StepConflict | None, str]]:
+    """:func:`step_problems`' lines, each with the hook call it reports a contradiction of
+    (``None`` for an algorithm the engine cannot run): the matrix's line for the same conflict
+    would say it a second time, without the step."""
     problems: list[tuple[StepConflict | None, str]] = []
     for name, offer in sorted(get_registry(pm).algorithms.items()):
         spec, plugin = offer.spec, offer.plugin
