@@ -107,6 +107,26 @@ def test_resolve_names_what_is_missing_and_unwraps_a_patch() -> None:
     assert engine_code.signature(_Runner.plant) == "(self)"
 
 
+class _DecoratedRunner:
+    @contextlib.contextmanager
+    def staging(self) -> Any:
+        self.marker = object()  # inside a functools.wraps wrapper: contextlib's code
+        yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def elsewhere() -> Any:
+        yield
+
+
+def test_assigns_reads_a_decorated_method_where_it_is_written() -> None:
+    """A method a decorator wrapped is read where it is written: read where the wrapper's code
+    is (contextlib's), its assignment went unseen, the unsafe side."""
+    assert engine_code.assigns(_DecoratedRunner, "marker") == {"staging"}
+    assert "self.marker = object()" in engine_code.method_sources(_DecoratedRunner)["staging"]
+    assert "def elsewhere" in engine_code.method_sources(_DecoratedRunner)["elsewhere"]
+
+
 _DECORATED = '''
 import contextlib
 

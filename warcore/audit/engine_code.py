@@ -36,6 +36,7 @@ __all__ = [
     "audit_module_source",
     "calls",
     "check_functions",
+    "definition",
     "digest",
     "method_sources",
     "resolve",
@@ -94,27 +95,34 @@ def _parse(text: str, where: str) -> _Function:
     return node
 
 
-def _tree(function: Callable[..., Any]) -> _Function:
+def definition(function: Callable[..., Any]) -> _Function:
     """``function``'s definition, read from the lines its code object came from (only that
     block is parsed, not its module). A function a decorator wrapped (``functools.wraps``:
     ``contextlib.contextmanager``, ``torch.no_grad()``) is read where it is written, not where
     the decorator's wrapper is."""
     function = inspect.unwrap(function)
-    code = function.__code__
+    text = _source(function)
+    if text is None:
+        raise ShapeMismatch(function.__qualname__, f"no source in {function.__code__.co_filename}")
+    return _parse(text, function.__qualname__)
+
+
+def _source(function: Callable[..., Any]) -> str | None:
+    """The block ``function`` (unwrapped: where it is written) is defined in, or ``None``
+    where its file has no lines to read."""
+    code = inspect.unwrap(function).__code__
     lines = linecache.getlines(code.co_filename)
-    if not lines:
-        raise ShapeMismatch(function.__qualname__, f"no source in {code.co_filename}")
-    return _parse(_block(lines, code.co_firstlineno), function.__qualname__)
+    return _block(lines, code.co_firstlineno) if lines else None
 
 
 def digest(function: Callable[..., Any]) -> str:
     """A digest of ``function``'s definition (name, signature, decorators and body, docstring
     left out): equal for the same code, whatever its comments and formatting."""
-    return _digest_node(_tree(function))
+    return _digest_node(definition(function))
 
 
 def _find(source: str, qualname: str) -> _Function:
-    """The definition of ``qualname`` in a module's ``source``, read as :func:`_tree` reads a
+    """The definition of ``qualname`` in a module's ``source``, read as :func:`definition` reads a
     live function (so that both digest the same text)."""
     scope: list[ast.stmt] = ast.parse(source).body
     *path, name = qualname.split(".")
@@ -221,7 +229,7 @@ def calls(function: Callable[..., Any], name: str) -> bool:
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == name
-        for node in ast.walk(_tree(function))
+        for node in ast.walk(definition(function))
     )
 
 
@@ -240,12 +248,11 @@ def method_sources(cls: type) -> dict[str, str]:
     for name, value in vars(cls).items():
         function = getattr(value, "fget", value)
         function = getattr(function, "__func__", function)
-        code = getattr(function, "__code__", None)
-        if code is None:
+        if getattr(function, "__code__", None) is None:
             continue
-        lines = linecache.getlines(code.co_filename)
-        if lines:
-            out[name] = _block(lines, code.co_firstlineno)
+        text = _source(function)  # a decorated method: its own lines, not the decorator's
+        if text is not None:
+            out[name] = text
     _SOURCES[cls] = out
     return out
 
