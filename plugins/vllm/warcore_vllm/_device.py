@@ -78,16 +78,12 @@ class RecordingEvent:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.position: int | None = None
         self.records = 0
-        self.synchronizes = 0
 
     def record(self, stream: Any = None) -> None:
         self.position = self.device.position
         self.records += 1
-        self.device.log.append(("record", id(self)))
 
     def synchronize(self) -> None:
-        self.synchronizes += 1
-        self.device.log.append(("synchronize", id(self)))
         if self.position is not None:
             self.device.complete(self.position, f"event synchronize (record {self.records})")
         self.device.released()
@@ -138,7 +134,6 @@ class RecordingDevice:
     """Registered host buffers: untyped storage address -> (name, the whole tensor)."""
     pending: list[PendingRead] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
-    log: list[tuple[str, int]] = field(default_factory=list)
     position: int = 0
     completed: int = 0
     step: int = 0

@@ -19,9 +19,12 @@ kernel of that path a CPU cannot run; :func:`slot_mapping_standin` computes the 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
+import shutil
 import socket
 import tempfile
 from collections import deque
@@ -67,9 +70,12 @@ PP_NO_ASYNC = Configuration("#47644 (pipeline parallel, no async)", False, pipel
 SYNC = Configuration("synchronous", async_scheduling=False)
 
 
-def tiny_model(folder: Path | None = None, sliding_window: int | None = None) -> Path:
-    """A ``config.json``-only Llama (no weights: nothing here loads them)."""
-    folder = folder or Path(tempfile.mkdtemp(prefix="warcore-vllm-model-"))
+@functools.cache
+def tiny_model(sliding_window: int | None = None) -> Path:
+    """A ``config.json``-only Llama (no weights: nothing here loads them), one folder per
+    process and window."""
+    folder = Path(tempfile.mkdtemp(prefix="warcore-vllm-model-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     config: dict[str, Any] = {
         "architectures": ["MistralForCausalLM" if sliding_window else "LlamaForCausalLM"],
         "model_type": "mistral" if sliding_window else "llama",
@@ -251,7 +257,6 @@ class V1Run:
     config: Any
     device: RecordingDevice
     steps: int = 0
-    scheduled_tokens: int = 0
 
 
 def kv_cache_config(vc: Any, num_blocks: int = 32) -> Any:
@@ -341,7 +346,6 @@ def run_v1(run: V1Run, steps: int = 6, requests: int = 3) -> V1Run:
             so = sched.schedule()
             stage(run, so)
             run.steps += 1
-            run.scheduled_tokens += so.total_num_scheduled_tokens
             queue.append((so, device.mark()))
             if len(queue) >= depth:
                 _collect(device, sched, *queue.popleft())

@@ -29,7 +29,7 @@ import torch
 
 from ._device import RecordingDevice
 
-__all__ = ["V2Configuration", "encoder_ring", "v2_depth", "v2_ring"]
+__all__ = ["V2Configuration", "encoder_ring", "v2_ring"]
 
 
 @dataclass(frozen=True)
@@ -77,15 +77,6 @@ def cpu_uva() -> Iterator[Any]:
         yield buffers
     finally:
         buffers.UvaBuffer, buffers.is_uva_available, buffers._DEFAULT_MAX_CONCURRENCY = saved
-
-
-def v2_depth(cfg: V2Configuration) -> tuple[int, int]:
-    """(steps the batch queue holds, the ring depth a pool gets) for ``cfg``, from vLLM."""
-    batches = max_concurrent_batches(cfg.pipeline_parallel)
-    with cpu_uva() as buffers:
-        buffers.set_default_max_concurrency(batches)
-        pool = buffers.UvaBufferPool(8, torch.int32)
-    return batches, pool.max_concurrency
 
 
 def _async_output(device: RecordingDevice) -> Any:

@@ -1,7 +1,7 @@
 """A real vLLM method with one guard taken out, put on its class in place (and put back).
 
 The audit's checks are shown to fail when the guard each one checks is removed from vLLM's
-real class: the method's own source (``inspect.getsource``) is parsed, one node is changed, and
+real class: the method's own source (``engine_code.definition``) is parsed, one node is changed, and
 the result is compiled in the method's own module globals and set on the class for the
 duration of a ``with`` block. Everything else of the method is vLLM's. The changed source is
 registered with ``linecache`` under the variant's file name, so that ``inspect`` and the
@@ -15,18 +15,17 @@ import contextlib
 import inspect
 import itertools
 import linecache
-import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from warcore.audit import engine_code
 
 __all__ = ["method_source", "replaced", "variant"]
 
 
 def method_source(cls: type, name: str) -> ast.FunctionDef:
     """The ``def`` of ``cls.name`` as vLLM wrote it (its own class's, not an inherited one)."""
-    func = inspect.unwrap(vars(cls)[name])
-    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-    node = tree.body[0]
+    node = engine_code.definition(vars(cls)[name])
     if not isinstance(node, ast.FunctionDef):
         raise TypeError(f"{cls.__name__}.{name} is not a plain function")
     return node
