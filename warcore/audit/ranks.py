@@ -235,9 +235,8 @@ def check_ranks_agree(
             "check_ranks_agree needs torch.distributed initialised (init_process_group)"
         )
     began = time.monotonic()
-    payload = _payload(pm if pm is not None else get_plugin_manager(), cells, dist.get_rank())
-    payload["decisions"].update(facts or {})
-    payload["fingerprint"] = _digest(payload["decisions"])
+    pm = pm if pm is not None else get_plugin_manager()
+    payload = _payload(pm, cells, dist.get_rank(), facts or {})
     world = dist.get_world_size(group)
     ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
     resolved = time.monotonic()
@@ -254,11 +253,19 @@ def check_ranks_agree(
         resolve_s=resolved - began,
         exchange_s=exchanged - resolved,
     )
+    return _conclude(report, gathered, len(payload["decisions"]), raise_on_mismatch)
+
+
+def _conclude(
+    report: RankReport, gathered: list[dict[str, Any]], cells: int, raise_on_mismatch: bool
+) -> RankReport:
+    """Log the outcome (one line), and raise on a disagreement where asked to."""
+    reference, differing = gathered[0], report.differing
     if report.agree:
         logger.info(
             "warcore: all %d ranks resolved the same read-done decisions (%d cells, %s)",
-            world,
-            len(payload["decisions"]),
+            report.world_size,
+            cells,
             reference["fingerprint"][:12],
         )
         return report
@@ -270,10 +277,16 @@ def check_ranks_agree(
     return report
 
 
-def _payload(pm: WarcorePluginManager, cells: Sequence[Cell] | None, rank: int) -> dict[str, Any]:
-    """What this rank posts: its decisions, their fingerprint and provenance, its plugins."""
+def _payload(
+    pm: WarcorePluginManager,
+    cells: Sequence[Cell] | None,
+    rank: int,
+    facts: Mapping[str, str],
+) -> dict[str, Any]:
+    """What this rank posts: its decisions (and ``facts``, compared as decisions are), their
+    fingerprint and provenance, its plugins."""
     rows = _rows(pm, cells)
-    table = {_key(row): _decision(row) for row in rows}
+    table = {_key(row): _decision(row) for row in rows} | dict(facts)
     return {
         "rank": rank,
         "fingerprint": _digest(table),
