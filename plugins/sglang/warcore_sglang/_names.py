@@ -131,8 +131,9 @@ installed wheel. To audit a new version: read its WAR-barrier code against
 ``SGLANG-DRIFT.md``, run the tests on it, and add its table here
 (``python -m warcore_sglang.activation._shape`` prints the installed sglang's)."""
 
-SUPPORTED = " || ".join(f"sglang==={version}" for version in AUDITED)
-"""The audited versions as an implementation range: every answer of the plugin is
+(_ONLY_AUDITED,) = AUDITED  # a second audited version needs a scope that admits both (no ===)
+SUPPORTED = f"sglang==={_ONLY_AUDITED}"
+"""The audited version as an implementation range: every answer of the plugin is
 ``warcore.Declared(boundary, SUPPORTED)``, so another installed sglang makes them stale (not
 applied, reported by ``warcore check``), and :func:`warcore_sglang.install` refuses to patch
 it. ``===`` compares the version string exactly (``==0.5.23`` would admit local builds)."""

@@ -246,7 +246,6 @@ def describe_sglang() -> str:
     """``sglang <version> at <folder> (commit <id>)``: which sglang this process runs."""
     version = _sglang.installed_version()
     where = "(not importable)"
-    commit = None
     spec = importlib.util.find_spec("sglang")
     if spec is not None and spec.origin is not None:
         where = os.path.dirname(spec.origin)
@@ -271,13 +270,15 @@ def _take_off(check: str, detail: str) -> None:
     state = _off()
     if state is None:
         return
-    reason = (
-        f"{describe_sglang()} differs from the audited {state.version} at {check}: "
-        f"{detail}; sglang's own barrier decisions apply"
-    )
-    _state.degraded = reason
     _state.degraded_check = check
-    _tell(state, reason)
+    _tell(state, _differs(state.version, check, detail))
+
+
+def _differs(version: str, check: str, detail: str) -> str:
+    return (
+        f"{describe_sglang()} differs from the audited {version} at {check}: {detail}; "
+        "sglang's own barrier decisions apply"
+    )
 
 
 def _on_failure(what: str, exc: Exception) -> None:
@@ -351,22 +352,17 @@ def install(
             meter=_meter.path(),
         )
         _state.current = state
-        _state.degraded = _state.degraded_check = None
+        _state.degraded_check = None
         _state.invalidate()
         pm.add_change_listener(_state.on_change)
         _ranks.set_requested(check_ranks)
         try:
             _patch_watched(state, dict(_WATCH))
-        except _shape.ShapeMismatch as exc:
+        except Exception as exc:
             _restore(state)
             _state.current = None
-            raise UnsupportedSglangError(
-                f"{describe_sglang()} differs from the audited {version} at {exc.check}: "
-                f"{exc.detail}; sglang's own barrier decisions apply"
-            ) from None
-        except Exception:
-            _restore(state)
-            _state.current = None
+            if isinstance(exc, _shape.ShapeMismatch):
+                raise UnsupportedSglangError(_differs(version, exc.check, exc.detail)) from None
             raise
         state.on_settled = on_settled
     _warn_about_names(state)

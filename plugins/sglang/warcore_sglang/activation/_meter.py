@@ -13,12 +13,13 @@ warcore's: the figure is an upper bound.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from ..trace import write_record
 
 __all__ = ["ENV_METER", "path", "timed", "timed_batches"]
 
@@ -93,8 +94,7 @@ def timed_batches(
                     "batch_ns": time.perf_counter_ns() - start,
                 }
                 _local.batch_start = None
-                with open(file, "a", encoding="utf-8") as out:
-                    out.write(json.dumps(record) + "\n")
+                write_record(file, record)  # one write: the ranks of a server share the file
 
     metered_run_batch.__warcore_original__ = run_batch  # type: ignore[attr-defined]
     metered_barrier.__warcore_original__ = barrier  # type: ignore[attr-defined]

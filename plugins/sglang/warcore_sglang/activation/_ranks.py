@@ -200,7 +200,7 @@ def check_if_requested(scheduler: Any = None) -> None:
     the activation took itself off: that rank joins, and differs); one line says what it cost
     of this scheduler's start-up."""
     mode = _mode()
-    if mode is None or (_state.current is None and _state.degraded is None):
+    if mode is None or (_state.current is None and _state.degraded_check is None):
         return
     began = time.monotonic()
     report = _check_ranks(raise_on_mismatch=mode != "warn", scheduler=scheduler)

@@ -77,11 +77,10 @@ class State:
 lock = threading.RLock()
 current: State | None = None
 """The installed activation; ``None`` when not installed (every patch passes through)."""
-degraded: str | None = None
-"""Why the activation took itself off in this process (a shape check failed), or ``None``."""
 degraded_check: str | None = None
-"""The check that failed there (the same on every rank where it fails, unlike the reason,
-which names where sglang is installed)."""
+"""The check that failed where the activation took itself off in this process, or ``None``
+(the same on every rank where it fails, unlike the start-up line, which names where sglang is
+installed)."""
 gen = 0
 """Bumped when warcore's plugins or switches change: every cached answer of an older
 generation is recomputed on next use."""
