@@ -176,3 +176,37 @@ def test_the_sanitizer_without_sglang_says_what_to_install(tmp_path: Path) -> No
     assert len(err) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "sglang, safetensors are not installed" in err[0], err
     assert "sglang-0.5.23-server-pins.txt" in err[0] and "nox -s sglang_server" in err[0], err
+
+
+def test_a_meter_file_that_takes_nothing_stops_metering_in_one_line_not_the_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``WARCORE_SGLANG_METER`` writes in ``_apply_war_barrier``'s ``finally``: a failing write
+    raised into sglang's scheduler loop."""
+    from warcore_sglang.activation import _meter
+
+    class Batch:
+        forward_mode = type("Mode", (), {"name": "DECODE"})()
+
+    def run_batch(self: object, batch: object) -> str:
+        return "result"
+
+    def barrier(self: object) -> str:
+        return "waited"
+
+    good = tmp_path / "meter.jsonl"
+    for file in (str(good), "/dev/full", str(tmp_path)):  # fine, full, a folder
+        metered_run_batch, metered_barrier = _meter.timed_batches(run_batch, barrier, file)
+        with caplog.at_level(logging.ERROR, logger="warcore.sglang"):
+            for _ in range(3):
+                assert metered_run_batch(None, Batch()) == "result"
+                assert metered_barrier(None) == "waited"
+        said = [r.getMessage() for r in caplog.records if file in r.getMessage()]
+        caplog.clear()
+        if file == str(good):
+            assert said == []
+            batches = [json.loads(line) for line in good.read_text().splitlines()]
+            assert [b["mode"] for b in batches] == ["DECODE"] * 3
+            assert all(b["batch_ns"] >= b["warcore_ns"] == 0 for b in batches), batches
+        else:
+            assert len(said) == 1 and "metering off" in said[0], said

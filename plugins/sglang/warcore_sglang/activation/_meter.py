@@ -13,6 +13,7 @@ warcore's: the figure is an upper bound.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ __all__ = ["ENV_METER", "path", "timed", "timed_batches"]
 ENV_METER = "WARCORE_SGLANG_METER"
 
 _local = threading.local()
+logger = logging.getLogger("warcore.sglang")
 
 
 def path() -> str | None:
@@ -67,6 +69,28 @@ def timed(make: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return timed_make
 
 
+_broken: set[str] = set()
+"""Meter files a write failed on: metering into them stopped (one line said so)."""
+
+
+def _write(file: str, record: dict[str, Any]) -> None:
+    """Append ``record`` (one write: the ranks of a server share the file); a file that fails
+    stops metering in one line, never the scheduler's batch."""
+    if file in _broken:
+        return
+    try:
+        write_record(file, record)
+    except OSError as exc:
+        _broken.add(file)
+        logger.error(
+            "warcore-sglang: %s=%s: %s; metering off in this process (pid %d)",
+            ENV_METER,
+            file,
+            exc.strerror or exc,
+            os.getpid(),
+        )
+
+
 def timed_batches(
     run_batch: Callable[..., Any], barrier: Callable[..., Any], file: str
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -94,7 +118,7 @@ def timed_batches(
                     "batch_ns": time.perf_counter_ns() - start,
                 }
                 _local.batch_start = None
-                write_record(file, record)  # one write: the ranks of a server share the file
+                _write(file, record)
 
     metered_run_batch.__warcore_original__ = run_batch  # type: ignore[attr-defined]
     metered_barrier.__warcore_original__ = barrier  # type: ignore[attr-defined]
