@@ -9,7 +9,11 @@ manager, the one the activation consults.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -470,3 +474,38 @@ def test_the_rank_check_runs_after_each_scheduler_starts(pm: Any, tmp_path: Any)
     finally:
         warcore_sglang.uninstall()
     assert vars(Scheduler)["__init__"] is original
+
+
+_LATE_WORKERS = """
+import importlib, json, sys
+import warcore_sglang
+from warcore_sglang import activation
+warcore_sglang.install()
+importlib.import_module("sglang.srt.managers.scheduler")
+seen = {}
+for name, cls in [("eagle_worker_v2", "EAGLEWorkerV2"),
+                  ("multi_layer_eagle_worker_v2", "MultiLayerEagleWorkerV2")]:
+    module = importlib.import_module("sglang.srt.speculative." + name)  # as create_worker does
+    owner = vars(getattr(module, cls))["last_shared_read_runner"]
+    seen[name] = [activation.is_installed(), hasattr(owner, "__warcore_original__")]
+print(json.dumps(seen))
+"""
+
+
+def test_a_worker_module_sglang_imports_after_the_scheduler_is_checked_and_patched() -> None:
+    """sglang's ``create_worker`` imports the speculative worker modules late, after the
+    scheduler: each worker class is checked while its class statement runs (its module does
+    not name it yet). That check took the activation off in every EAGLE v2 server."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_WORKERS],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "eagle_worker_v2": [True, True],
+        "multi_layer_eagle_worker_v2": [True, True],
+    }, done.stderr[-3000:]

@@ -73,7 +73,7 @@ def _worker_gate(cls: type) -> None:
     module = sys.modules[cls.__module__]
     audited = AUDITED[_version()].get(cls.__module__.removeprefix(SRT), {})
     if any(q.startswith(cls.__qualname__ + ".") for q in audited):
-        _shape.check_audited(module, _version(), owner=cls.__qualname__)
+        _shape.check_audited(_with_class(module, cls), _version(), owner=cls.__qualname__)
         return
     _state.log_once(
         ("unaudited-worker", cls),
@@ -81,6 +81,18 @@ def _worker_gate(cls: type) -> None:
         f"warcore-sglang: {cls.__module__}.{cls.__qualname__} names its own event owner and "
         "was not audited: the barrier follows it, or is coarse where warcore disagrees",
     )
+
+
+def _with_class(module: ModuleType, cls: type) -> ModuleType:
+    """``module`` as it will name ``cls``: a class checked from ``__init_subclass__`` is not
+    bound in its module yet (its class statement is still running: sglang's ``create_worker``
+    imports the EAGLE v2 worker modules after the scheduler, and each is checked then)."""
+    if getattr(module, cls.__qualname__, None) is cls or "." in cls.__qualname__:
+        return module
+    view = ModuleType(module.__name__)
+    vars(view).update(vars(module))
+    setattr(view, cls.__qualname__, cls)
+    return view
 
 
 # -- what each watched module gets -----------------------------------------------------------
