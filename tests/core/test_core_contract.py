@@ -203,6 +203,64 @@ def test_a_raising_plugin_is_isolated_on_pluggys_path() -> None:
     assert failure.error == "RuntimeError: boom"
 
 
+class _Hostile:
+    """An answer, or an exception, whose repr, str and comparisons all raise."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("eq")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _HostileError(_Hostile, Exception):
+    pass
+
+
+@pytest.mark.parametrize("hook", ["boundary", "owner", "phase", "raises"])
+def test_an_answer_that_raises_when_shown_is_a_failure_naming_the_plugin(hook: str) -> None:
+    """The failure line is built from the answer's repr (and an exception's str): one that
+    raises there gave a traceback in ``warcore check`` and out of sglang's rank check."""
+    from warcore import StepFacts, resolve_step_event_owner, resolve_war_publish_phase
+
+    class Plugin:
+        @hookimpl
+        def warcore_shared_read_boundary(self, backend: str) -> Any:
+            if hook == "raises":
+                raise _HostileError()
+            return _Hostile() if hook == "boundary" else None
+
+        @hookimpl
+        def warcore_step_event_owner(self, algorithm: str) -> Any:
+            return _Hostile() if hook == "owner" else None
+
+        @hookimpl
+        def warcore_is_war_publish_phase(self, algorithm: str) -> Any:
+            return _Hostile() if hook == "phase" else None
+
+    pm = WarcorePluginManager(builtins=False)
+    pm.register(Plugin(), name="wctest_hostile")
+    resolved: Any
+    if hook == "owner":
+        resolved = resolve_step_event_owner("wctest_algo", StepFacts(), pm=pm)
+        assert resolved.owner is None
+    elif hook == "phase":
+        resolved = resolve_war_publish_phase("wctest_algo", ForwardMode.TARGET_VERIFY, pm=pm)
+        assert resolved.publishes is False
+    else:
+        resolved = resolve_shared_read_boundary("wctest_traced", ForwardMode.DECODE, pm=pm)
+        assert resolved.boundary is SharedReadBoundary.UNKNOWN
+    (failure,) = resolved.failures
+    assert failure.plugin == "wctest_hostile", failure
+    shown = "_HostileError (its message raised)" if hook == "raises" else "whose repr raised"
+    assert shown in failure.error, failure.error
+
+
 def test_a_change_listener_can_be_removed() -> None:
     pm = WarcorePluginManager(builtins=False)
     heard: list[int] = []

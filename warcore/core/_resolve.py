@@ -154,6 +154,32 @@ class _Question(Generic[T]):
     """Answers that disagree: the decision, and what it means for the log."""
 
 
+def shown(value: object, limit: int = 200) -> str:
+    """``repr(value)`` for a log line: cut at ``limit`` characters, and never raising (a
+    plugin's object may raise in its ``__repr__``; the line must still name the plugin)."""
+    try:
+        text = repr(value)
+    except Exception as exc:
+        return f"<a {type(value).__name__} whose repr raised {type(exc).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def failure_text(exc: BaseException) -> str:
+    """``Type: message`` of a plugin's exception, never raising (its ``__str__`` may)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message raised)"
+
+
+def _accepts(question: _Question[Any], value: object) -> bool:
+    """``question.accept(value)``; a value whose comparison raises is not an answer."""
+    try:
+        return bool(question.accept(value))
+    except Exception:
+        return False
+
+
 def _poll(
     pm: WarcorePluginManager,
     question: _Question[Any],
@@ -171,12 +197,12 @@ def _poll(
         try:
             value = pm.call_hookimpl(hook, impl, kwargs)
         except Exception as exc:
-            failures.append(PluginFailure(impl.plugin_name, hook, f"{type(exc).__name__}: {exc}"))
+            failures.append(PluginFailure(impl.plugin_name, hook, failure_text(exc)))
             continue
         if value is None:
             continue
-        if not question.accept(value):
-            error = f"returned {value!r} ({type(value).__name__}); expected "
+        if not _accepts(question, value):
+            error = f"returned {shown(value)} ({type(value).__name__}); expected "
             failures.append(
                 PluginFailure(impl.plugin_name, hook, f"{error}{question.expected} or None")
             )
@@ -459,7 +485,7 @@ def _backend_identity(
             raise TypeError(f"returned the string {answer!r}, not a sequence of backend names")
         children = tuple(answer)
     except Exception as exc:
-        return name, (), PluginFailure(owner, "children_for", f"{type(exc).__name__}: {exc}"), owner
+        return name, (), PluginFailure(owner, "children_for", failure_text(exc)), owner
     for child in children:
         if not isinstance(child, str) and not isinstance(getattr(child, "name", None), str):
             error = (
