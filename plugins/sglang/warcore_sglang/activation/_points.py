@@ -70,7 +70,8 @@ def make_shared_read_ends(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             ends = decide_ends(self, fm, own)  # warcore's answer, never earlier than own
         except Exception as exc:
-            what = f"resolving {type(self).__qualname__}.shared_read_ends({fm})"
+            mode = getattr(fm, "name", fm)  # sglang's ForwardMode is an IntEnum: its name
+            what = f"resolving {type(self).__qualname__}.shared_read_ends({mode})"
             _state.log_failure(("failed", type(self), fm), what, exc, "UNKNOWN (coarse fence)")
             return base_module().SharedReadEnds.UNKNOWN
         _store(self, SRE, gen, fm, ends)

@@ -153,5 +153,8 @@ def log_once(key: object, level: int, message: str) -> None:
 def log_failure(key: tuple[object, ...], what: str, exc: Exception, fallback: str) -> None:
     """Once per (key, error): ``what`` failed inside a patched point, and what it answered
     instead (never less safe than sglang's own answer)."""
-    message = f"warcore-sglang: {what} failed ({type(exc).__name__}: {exc}); {fallback}"
-    log_once((*key, repr(exc)), logging.ERROR, message)
+    try:  # inside sglang's call: an exception whose str raises must not escape from here
+        error = f"{type(exc).__name__}: {exc}"
+    except Exception:
+        error = f"{type(exc).__name__} (its message raised)"
+    log_once((*key, error), logging.ERROR, f"warcore-sglang: {what} failed ({error}); {fallback}")
