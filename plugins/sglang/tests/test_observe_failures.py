@@ -210,3 +210,40 @@ def test_a_meter_file_that_takes_nothing_stops_metering_in_one_line_not_the_batc
             assert all(b["batch_ns"] >= b["warcore_ns"] == 0 for b in batches), batches
         else:
             assert len(said) == 1 and "metering off" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WARCORE_SGLANG_CHECK_RANKS", "ture"),
+        ("WARCORE_SGLANG_CHECK_RANKS", "2"),
+        ("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", "abc"),
+        ("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", "1_0"),
+        ("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", "\u0661\u0662"),
+        ("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", "1e300"),
+        ("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", "0"),
+        ("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", "nan"),
+    ],
+)
+def test_a_bad_rank_check_setting_is_said_at_start_up_and_falls_back(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo turned the check off without a word, and a bad timeout raised at the end of
+    ``Scheduler.__init__`` (after the model loaded) or, as ``1e300``, waited for good."""
+    from warcore_sglang.activation import _ranks
+
+    from warcore.audit.ranks import DEFAULT_TIMEOUT_S
+
+    monkeypatch.delenv("WARCORE_SGLANG_TRACE", raising=False)
+    monkeypatch.delenv("WARCORE_SGLANG_CHECK_RANKS", raising=False)
+    monkeypatch.delenv("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", raising=False)
+    monkeypatch.setenv(variable, value)
+    lines = _startup(monkeypatch, caplog)
+    assert len(lines) == 1 and lines[0][0] == logging.WARNING, lines
+    assert f"{variable}={value!r} is not" in lines[0][1], lines
+    assert _ranks._mode() is None and _ranks.timeout() == DEFAULT_TIMEOUT_S
+    monkeypatch.setenv("WARCORE_SGLANG_CHECK_RANKS", "warn")
+    monkeypatch.setenv("WARCORE_SGLANG_CHECK_RANKS_TIMEOUT", "20.5")
+    assert (_ranks._mode(), _ranks.timeout()) == ("warn", 20.5)
+    caplog.clear()
+    assert not any("CHECK_RANKS" in line for _, line in _startup(monkeypatch, caplog))

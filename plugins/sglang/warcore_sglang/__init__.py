@@ -54,6 +54,7 @@ from typing import Any
 
 from ._names import SUPPORTED  # pure data
 from ._prefill_switch import ENV_PREFILL_SWITCH  # standard library only
+from ._rank_settings import ENV_CHECK_RANKS  # standard library only
 
 __all__ = [
     "ENV_ACTIVATE",
@@ -70,9 +71,6 @@ __version__ = "0.1.0"
 ENV_ACTIVATE = "WARCORE_SGLANG"
 """``1``: sglang's plugin loader activates warcore in every server process that may build a
 model runner (each scheduler child; not the launcher, the detokenizer or the DP controller)."""
-ENV_CHECK_RANKS = "WARCORE_SGLANG_CHECK_RANKS"
-"""``1``: after each scheduler starts, check that every rank resolved the same decisions
-(raise naming the ranks and cells); ``warn``: log it instead."""
 
 
 def install(**kwargs: Any) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import ENV_ACTIVATE
+from ._rank_settings import check_ranks_mode, timeout_s
 from .sanitize import ENV_SANITIZE
 from .trace import ENV_TRACE
 
@@ -197,6 +198,15 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _rank_check_settings(status: Status) -> None:
+    """A bad rank-check setting is said in the start-up line (the check falls back: off, or
+    the core's timeout), not found at the end of ``Scheduler.__init__``."""
+    for _, problem in (check_ranks_mode(os.environ), timeout_s(os.environ)):
+        if problem is not None:
+            status.problems.append(problem)
+            status.level = max(status.level, logging.WARNING)
+
+
 def _observe(status: Status) -> None:
     """The trace and the sanitizer, each said in the start-up line: on, or off and why."""
     path = os.environ.get(ENV_TRACE, "").strip()
@@ -332,6 +342,7 @@ def sglang_plugin() -> Status | None:
         role, rank = _role()
         status = Status(os.getpid(), role, rank, False, None, logging.INFO)
         _activate(status)
+        _rank_check_settings(status)
         _observe(status)
         status.ready = True
         if status.settled:

@@ -27,18 +27,16 @@ from typing import Any
 from warcore import BoundaryContext, ForwardMode
 from warcore.core import WarcorePluginManager, get_plugin_manager, get_registry
 
-from .. import ENV_CHECK_RANKS, _sglang
+from .. import _sglang
+from .._rank_settings import ENV_TIMEOUT, check_ranks_mode, timeout_s
 from . import _state
 from ._identity import offload_flags, process_algorithm
 
 logger = logging.getLogger("warcore.sglang")
 
-ENV_TIMEOUT = "WARCORE_SGLANG_CHECK_RANKS_TIMEOUT"
-"""Seconds each rank waits for the others' answers (default: the core's 60)."""
 FACT = "warcore-sglang"
 """The fact every rank adds to its decisions: whether its activation is on."""
 
-_TRUE = {"1", "true", "yes", "on"}
 _MODES = (
     ForwardMode.EXTEND,
     ForwardMode.DECODE,
@@ -59,30 +57,20 @@ def set_requested(check_ranks: bool | None) -> None:
 
 def _mode() -> str | None:
     """``raise``, ``warn`` or ``None`` (no check): ``install(check_ranks=True)``, else
-    ``WARCORE_SGLANG_CHECK_RANKS``."""
-    flag = os.environ.get(ENV_CHECK_RANKS, "").strip().lower()
-    if flag == "warn":
-        return "warn"
-    if flag in _TRUE or _requested:
+    ``WARCORE_SGLANG_CHECK_RANKS`` (a bad value: off, said in the start-up line)."""
+    mode, _ = check_ranks_mode(os.environ)
+    if mode is None and _requested:
         return "raise"
-    return None
+    return mode
 
 
 def timeout() -> float:
-    """``WARCORE_SGLANG_CHECK_RANKS_TIMEOUT`` in seconds; the core's default when unset. A
-    value that is not a number of seconds > 0 raises ``ValueError`` naming it."""
+    """``WARCORE_SGLANG_CHECK_RANKS_TIMEOUT`` in seconds; the core's default when unset or
+    not a plain number of seconds in (0, a day] (said in the start-up line)."""
     from warcore.audit.ranks import DEFAULT_TIMEOUT_S
 
-    raw = os.environ.get(ENV_TIMEOUT, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{ENV_TIMEOUT}={raw!r}: expected a number of seconds > 0")
-    return seconds
+    seconds, _ = timeout_s(os.environ)
+    return DEFAULT_TIMEOUT_S if seconds is None else seconds
 
 
 def _live_backends(scheduler: Any) -> list[Any]:
