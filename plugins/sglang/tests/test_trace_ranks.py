@@ -70,3 +70,53 @@ def test_a_divergence_names_the_batch_the_ranks_and_both_decisions(tmp_path: Pat
         "branch=wait_stream owner=target"
     ) in done.stdout, done.stdout
     assert "batch 6: tp 0 (file 1) 6 barriers; tp 1 (file 2) 5 barriers" in done.stdout
+
+
+def test_the_summary_counts_a_scheduler_per_node_where_pids_coincide(tmp_path: Path) -> None:
+    a, b = _node(tmp_path / "a.jsonl", 0, STEPS), _node(tmp_path / "b.jsonl", 1, STEPS)
+    done = _cli(a, b)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 scheduler(s) with barriers" in done.stdout, done.stdout  # was: 1, merged by pid
+    assert f"scheduler pid 100 in {a} (tp 0, pp 0): 6 barriers" in done.stdout, done.stdout
+    assert f"scheduler pid 100 in {b} (tp 1, pp 0): 6 barriers" in done.stdout, done.stdout
+
+
+def test_two_runs_in_one_file_are_refused_not_compared(tmp_path: Path) -> None:
+    """A server restarted onto the same trace file: its ranks were compared with the first
+    run's, and a false divergence reported."""
+    path = tmp_path / "restart.jsonl"
+    first = [_barrier(tp, n, *step) | {"pid": 100 + tp} for tp in (0, 1) for n, step in
+             enumerate(STEPS[:3], 1)]  # fmt: skip
+    again = [_barrier(tp, n, *step) | {"pid": 200 + tp} for tp in (0, 1) for n, step in
+             enumerate(STEPS[3:], 1)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in first + again))
+    done = _cli(path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert str(path) in line and "two schedulers of rank tp 0, pp 0, dp None" in line, line
+    assert "pids 100 and 200" in line and "Traceback" not in done.stderr
+
+
+def test_a_field_of_the_wrong_shape_is_one_line_naming_the_file_and_line(tmp_path: Path) -> None:
+    bad: dict[str, dict[str, Any]] = {
+        "a list for a rank": {"rank": {"tp": 0, "pp": [0], "dp": None}},
+        "an int for rids": {"rids": 5},
+        "a plugins list of names": {
+            "kind": "process",
+            "pid": 1,
+            "role": "x",
+            "active": True,
+            "plugins": ["x"],
+        },  # fmt: skip
+    }
+    for why, change in bad.items():
+        path = tmp_path / "bad.jsonl"
+        records = [_barrier(0, 1, *STEPS[0]), _barrier(0, 2, *STEPS[1]) | change]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        done = _cli(path)
+        assert done.returncode == 2, (why, done.stdout, done.stderr)
+        [line] = done.stderr.strip().splitlines()
+        assert f"{path}: line 2: a " in line and "Traceback" not in done.stderr, (why, line)
+    path.write_text(json.dumps(_barrier(0, 1, *STEPS[0])) + "\n" + '{"kind": ' + "9" * 5000 + "}\n")
+    done = _cli(path)
+    assert done.returncode == 2 and f"{path}: line 2: not JSON" in done.stderr, done.stderr

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,10 +94,11 @@ def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         torn = number == len(lines)  # the last line, unterminated: a writer was stopped
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, and an integer of too many digits
             if torn:
                 continue
-            raise TraceError(f"{path}: line {number}: not JSON ({exc.msg})") from None
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise TraceError(f"{path}: line {number}: not JSON ({why})") from None
         except RecursionError:
             raise TraceError(f"{path}: line {number}: JSON nested too deeply") from None
         problem = check_record(record)
@@ -142,11 +144,31 @@ def check_record(record: Any) -> str | None:
             return f"a {record['kind']} record without {name!r}"
         value = record[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return f"a {record['kind']} record whose {name!r} is {value!r}"
-    rank = record.get("rank")
-    if rank is not None and not isinstance(rank, dict):
-        return f"a {record['kind']} record whose 'rank' is {rank!r}"
+            return f"a {record['kind']} record whose {name!r} is {_shown(value)}"
+    for name, ok in _SHAPES.items():
+        value = record.get(name)
+        if value is not None and not ok(value):
+            return f"a {record['kind']} record whose {name!r} is {_shown(value)}"
     return None
+
+
+def _is_rank(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value.values()
+    )
+
+
+_SHAPES: dict[str, Callable[[Any], bool]] = {
+    "rank": _is_rank,  # {"tp": 0, "pp": 0, "dp": None}
+    "rids": lambda v: isinstance(v, list) and all(isinstance(r, (str, int)) for r in v),
+    "plugins": lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v),
+}
+"""Optional fields a summary or the rank comparison reads -> the shape they must have."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:80]}..."
 
 
 # -- what the decision was, and why --------------------------------------------------------
@@ -381,6 +403,8 @@ def uninstall() -> None:
 class SchedulerSummary:
     pid: int
     rank: dict[str, Any]
+    file: str = ""
+    """The trace file it is in, where several are summarised (pids repeat across nodes)."""
     barriers: int = 0
     rows: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)
     """(forward mode, record point, branch, provenance) -> barriers."""
@@ -429,6 +453,21 @@ class Summary:
         }
 
 
+def summarise_files(traces: list[list[dict[str, Any]]], paths: list[str]) -> Summary:
+    """One summary of several trace files (one per node): a scheduler is known by its file
+    and pid, as :func:`~warcore_sglang.trace_ranks.compare_ranks` knows it."""
+    summaries = [summarise(records, path) for records, path in zip(traces, paths, strict=True)]
+    if len(summaries) > 1:
+        for summary in summaries:
+            for s in summary.schedulers:
+                s.file = summary.path
+    return Summary(
+        ", ".join(paths),
+        [p for summary in summaries for p in summary.processes],
+        [s for summary in summaries for s in summary.schedulers],
+    )
+
+
 def summarise(records: list[dict[str, Any]], path: str = "") -> Summary:
     processes = [r for r in records if r.get("kind") == "process"]
     per: dict[int, SchedulerSummary] = {}
@@ -473,7 +512,8 @@ def format_summary(summary: Summary) -> str:
         lines += [_process_line(p) for p in summary.processes]
     for s in summary.schedulers:
         rank = ", ".join(f"{k} {v}" for k, v in s.rank.items() if v is not None)
-        lines.append(f"  scheduler pid {s.pid} ({rank or 'rank ?'}): {s.barriers} barriers")
+        where = f" in {s.file}" if s.file else ""
+        lines.append(f"  scheduler pid {s.pid}{where} ({rank or 'rank ?'}): {s.barriers} barriers")
         if s.rows:
             lines.append(
                 "    read-done records (forward mode, record point, barrier, provenance: barriers)"
@@ -512,15 +552,15 @@ def main(argv: list[str] | None = None) -> int:
     for path in map(Path, args.files):
         if not path.is_file():
             parser.error(f"{path}: no such trace file")
+    from .trace_ranks import TwoRuns, compare_ranks
+
     try:
         traces = [read_trace(path) for path in args.files]
-    except TraceError as exc:
+        ranks = compare_ranks(traces, args.files)
+    except (TraceError, TwoRuns) as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
-    from .trace_ranks import compare_ranks
-
-    summary = summarise([r for t in traces for r in t], ", ".join(args.files))
-    ranks = compare_ranks(traces)
+    summary = summarise_files(traces, args.files)
     if args.json:
         doc = summary.as_dict()
         doc["ranks"] = {

@@ -15,10 +15,11 @@ on a divergence.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Divergence", "Group", "RankComparison", "compare_ranks"]
+__all__ = ["Divergence", "Group", "RankComparison", "TwoRuns", "compare_ranks"]
 
 DECISION = ("mode", "record_point", "branch", "owner")
 """What each rank's barrier must agree on, for the same batch."""
@@ -81,21 +82,42 @@ def _label(file: int, rank: dict[str, Any], files: int) -> str:
     return f"tp {rank.get('tp')}{where}"
 
 
-def _schedulers(traces: list[list[dict[str, Any]]]) -> dict[tuple[int, int], list[Any]]:
-    """(file, pid) -> that scheduler's barrier records, in order."""
+class TwoRuns(ValueError):
+    """Two schedulers of the same rank in one trace file: two server runs appended to it."""
+
+
+def _schedulers(
+    traces: list[list[dict[str, Any]]], paths: Sequence[str] | None
+) -> dict[tuple[int, int], list[Any]]:
+    """(file, pid) -> that scheduler's barrier records, in order; :class:`TwoRuns` where a
+    file holds two schedulers of one rank (their batches are no one's to compare)."""
     out: dict[tuple[int, int], list[Any]] = {}
     for index, records in enumerate(traces):
         for r in records:
             if r.get("kind") == "barrier":
                 out.setdefault((index, int(r["pid"])), []).append(r)
+    seen: dict[tuple[int, str], int] = {}
+    for (index, pid), barriers in sorted(out.items()):
+        rank = barriers[0].get("rank") or {}
+        key = (index, ", ".join(f"{k} {rank.get(k)}" for k in ("tp", "pp", "dp")))
+        if key in seen:
+            file = paths[index] if paths is not None else f"file {index + 1}"
+            raise TwoRuns(
+                f"{file}: two schedulers of rank {key[1]} (pids {seen[key]} and {pid}): one "
+                "trace file holds one server run (was a server restarted onto it?); give "
+                "each run its own WARCORE_SGLANG_TRACE file"
+            )
+        seen[key] = pid
     return out
 
 
-def compare_ranks(traces: list[list[dict[str, Any]]]) -> RankComparison:
+def compare_ranks(
+    traces: list[list[dict[str, Any]]], paths: Sequence[str] | None = None
+) -> RankComparison:
     """Compare, batch by batch, the schedulers of each (pp, dp) group in ``traces`` (the
-    records of each trace file)."""
+    records of each trace file, read from ``paths``, which name them in an error)."""
     grouped: dict[tuple[Any, Any], list[tuple[str, list[Any]]]] = {}
-    for (file, _), barriers in sorted(_schedulers(traces).items()):
+    for (file, _), barriers in sorted(_schedulers(traces, paths).items()):
         rank = barriers[0].get("rank") or {}
         label = _label(file, rank, len(traces))
         grouped.setdefault((rank.get("pp"), rank.get("dp")), []).append((label, barriers))
