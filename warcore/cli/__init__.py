@@ -34,7 +34,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from warcore._lazy import torch_missing
-from warcore.cli._common import PROG, Command, Parser, UsageError
+from warcore.cli._common import (
+    PROG,
+    Command,
+    Limit,
+    Parser,
+    UsageError,
+    check_writable,
+    write_output,
+)
 from warcore.cli.bench import BENCH
 from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
 from warcore.cli.run import RUN
@@ -42,7 +50,17 @@ from warcore.cli.sanitize import SANITIZE
 from warcore.cli.soak import SOAK
 from warcore.core import PluginLoadError
 
-__all__ = ["EXIT_BROKEN_PIPE", "Command", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "Command",
+    "Limit",
+    "UsageError",
+    "check_writable",
+    "main",
+    "write_output",
+]
+"""``Limit``, ``check_writable``, ``write_output`` and ``UsageError`` are also for plugins'
+own commands (``python -m warcore_sglang.bench``...): the same number and output rules."""
 
 _COMMANDS: dict[str, Command] = {
     "plugins": PLUGINS,

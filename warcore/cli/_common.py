@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from warcore._files import probe_writable
+from warcore._files import probe_writable, write_text
 from warcore.core import (
     DuplicateNameError,
     FlagSpec,
@@ -342,3 +342,10 @@ def writing(option: str, path: str | os.PathLike[str]) -> Iterator[None]:
         yield
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+
+
+def write_output(option: str, path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to the file ``option`` named, whole or not at all; a failure is a
+    :class:`UsageError` naming both (for plugins' commands too: :mod:`warcore.cli` exports it)."""
+    with writing(option, path):
+        write_text(path, text)

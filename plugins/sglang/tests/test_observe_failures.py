@@ -247,3 +247,35 @@ def test_a_bad_rank_check_setting_is_said_at_start_up_and_falls_back(
     assert (_ranks._mode(), _ranks.timeout()) == ("warn", 20.5)
     caplog.clear()
     assert not any("CHECK_RANKS" in line for _, line in _startup(monkeypatch, caplog))
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "culprit"),
+    [
+        ("bench", ["--calls", "1_0"], "--calls"),
+        ("bench", ["--repeat", "0"], "--repeat"),
+        ("bench", ["--json", "{folder}"], "--json"),
+        ("bench_server", ["--timeout", "nan"], "--timeout"),
+        ("bench_server", ["--rounds", "-1"], "--rounds"),
+        ("bench_server", ["--json", "{folder}"], "--json"),
+        ("sanitize", ["--requests", "-3"], "--requests"),
+        ("sanitize", ["--timeout", "nan"], "--timeout"),
+        ("sanitize", ["--json", "{folder}"], "--json"),
+    ],
+)
+def test_the_commands_refuse_a_bad_argument_in_one_line_before_running(
+    command: str, args: list[str], culprit: str, tmp_path: Path
+) -> None:
+    """A bad number or an output that is a folder was found after minutes of measuring (or
+    after starting a server), as a traceback."""
+    argv = [a.format(folder=tmp_path) for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", f"warcore_sglang.{command}", *argv],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and culprit in done.stderr.splitlines()[-1], done.stderr
+    assert "round" not in done.stdout and "warm-up" not in done.stdout  # nothing was measured

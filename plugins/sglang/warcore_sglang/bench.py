@@ -32,9 +32,10 @@ import math
 import platform
 import sys
 import timeit
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from warcore.cli import Limit, UsageError, check_writable, write_output
 
 __all__ = ["GOAL", "main", "measure"]
 
@@ -186,14 +187,21 @@ def measure(calls: int = 200_000, repeat: int = 5) -> dict[str, Any]:
     }
 
 
+CALLS = Limit(int, 1, 10_000_000)
+REPEAT = Limit(int, 1, 1_000)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m warcore_sglang.bench", description=__doc__)
-    parser.add_argument("--calls", type=int, default=200_000, help="calls per timing run")
-    parser.add_argument("--repeat", type=int, default=5, help="timing runs per case (best kept)")
+    parser.add_argument("--calls", type=CALLS, default=200_000, help="calls per timing run")
+    parser.add_argument("--repeat", type=REPEAT, default=5, help="timing runs per case (best kept)")
     parser.add_argument("--json", metavar="FILE", help="also write the result to FILE")
     args = parser.parse_args(argv)
-    if args.calls < 1 or args.repeat < 1:
-        parser.error("--calls and --repeat must be at least 1")
+    try:
+        if args.json:
+            check_writable("--json", args.json, make_parents=True)
+    except UsageError as exc:
+        parser.error(str(exc))
     result = measure(args.calls, args.repeat)
     result["command"] = "python -m warcore_sglang.bench " + " ".join(
         sys.argv[1:] if argv is None else argv
@@ -216,8 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(goal: at most {GOAL})"
     )
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            write_output("--json", args.json, json.dumps(result, indent=2) + "\n")
+        except UsageError as exc:
+            print(f"{parser.prog}: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -52,8 +52,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from warcore.cli import Limit, UsageError, check_writable, write_output
 
 from . import serving
 
@@ -201,6 +204,29 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 )
         per_batch = _metered(model, Path(tmp) / "metered", args)
         checks = rank_check(model, Path(tmp) / "ranks", args)
+    return {
+        "benchmark": "warcore inside sglang 0.5.23's real Engine on a CPU: start-up, TTFT, "
+        "decode tokens/s; sglang alone vs warcore active, with an A/A control",
+        "rounds": args.rounds,
+        "warmup_runs_discarded": args.warmup,
+        "batch": args.batch,
+        "new_tokens": args.new_tokens,
+        "ttft_samples": args.ttft_samples,
+        "decode_waves": args.decode_waves,
+        "warcore_plugins": args.plugins,
+        "runs": rows,
+        "summary": _summarise(rows, per_batch, checks),
+        "load_1min": {"before": loads[0], "during": loads[1:]},
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+        "versions": _versions(),
+        "git": _git(),
+    }
+
+
+def _summarise(
+    rows: list[dict[str, Any]], per_batch: dict[str, Any], checks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Each measure's spread over the rounds (ratios within a round), per batch, rank check."""
     summary: dict[str, Any] = {"per_batch": per_batch}
     if checks:
         summary["rank_check"] = {
@@ -225,23 +251,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 [round(r["scheduler_activation_s"] / r["scheduler_startup_s"], 4) for r in active]
             ),
         }
-    return {
-        "benchmark": "warcore inside sglang 0.5.23's real Engine on a CPU: start-up, TTFT, "
-        "decode tokens/s; sglang alone vs warcore active, with an A/A control",
-        "rounds": args.rounds,
-        "warmup_runs_discarded": args.warmup,
-        "batch": args.batch,
-        "new_tokens": args.new_tokens,
-        "ttft_samples": args.ttft_samples,
-        "decode_waves": args.decode_waves,
-        "warcore_plugins": args.plugins,
-        "runs": rows,
-        "summary": summary,
-        "load_1min": {"before": loads[0], "during": loads[1:]},
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
-        "versions": _versions(),
-        "git": _git(),
-    }
+    return summary
 
 
 def _versions() -> dict[str, str]:
@@ -270,83 +280,114 @@ def _git() -> str:
         return "?"
 
 
-def main(argv: list[str] | None = None) -> int:
+COUNT = Limit(int, 1, 1_000)
+"""Rounds, requests, waves and samples: at least one, and a run that ends."""
+STARTS = Limit(int, 0, 100)
+"""Warm-up runs and rank-check starts (0: none)."""
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m warcore_sglang.bench_server", description=__doc__
     )
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the three variants")
-    parser.add_argument("--batch", type=int, default=16, help="requests in a decode wave")
-    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per decode request")
-    parser.add_argument("--decode-waves", type=int, default=3, help="decode waves timed")
-    parser.add_argument("--ttft-samples", type=int, default=10, help="1-token requests timed")
-    parser.add_argument("--warmup", type=int, default=1, help="discarded runs before round 0")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per server run")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--rounds", type=COUNT, default=5, help="rounds of the three variants")
+    add("--batch", type=COUNT, default=16, help="requests in a decode wave")
+    add("--new-tokens", type=COUNT, default=128, help="tokens per decode request")
+    add("--decode-waves", type=COUNT, default=3, help="decode waves timed")
+    add("--ttft-samples", type=COUNT, default=10, help="1-token requests timed")
+    add("--warmup", type=STARTS, default=1, help="discarded runs before round 0")
+    add("--timeout", type=Limit(float, 1.0, 86_400.0), default=300, help="seconds per run")
+    add(
         "--plugins",
         default="sglang",
         help="WARCORE_PLUGINS for every server (default: sglang, warcore-sglang's own plugin)",
     )
-    parser.add_argument(
+    add(
         "--rank-check-starts",
-        type=int,
+        type=STARTS,
         default=2,
         help="starts of a tp_size=2 Engine with the rank check on, timing the check (0: none)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the result to FILE")
+    add("--json", metavar="FILE", help="also write the result to FILE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
-    if min(args.rounds, args.batch, args.new_tokens, args.ttft_samples, args.decode_waves) < 1:
-        parser.error(
-            "--rounds, --batch, --new-tokens, --decode-waves and --ttft-samples must be at least 1"
-        )
-    if args.warmup < 0 or args.rank_check_starts < 0:
-        parser.error("--warmup and --rank-check-starts must be at least 0")
+    try:
+        if args.json:
+            check_writable("--json", args.json, make_parents=True)
+    except UsageError as exc:
+        parser.error(str(exc))
     missing = serving.missing_for_serving()
     if missing is not None:
         print(f"{parser.prog}: {missing}", file=sys.stderr)
         return 2
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     result = measure(args)
     result["command"] = "python -m warcore_sglang.bench_server " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     result["wall_s"] = round(time.monotonic() - started, 1)
-    for key, s in result["summary"].items():
-        if key == "per_batch":
-            for mode, m in s.items():
-                print(
-                    f"per batch, {mode:<7} {m['batches']:>4} batches: warcore "
-                    f"{m['warcore_us_median']:.1f} us ({m['calls_median']} patched calls) of "
-                    f"{m['batch_ms_median']:.2f} ms: median {m['share_median']:.3%}, p90 "
-                    f"{m['share_p90']:.3%}, of the total {m['share_of_total']:.3%}"
-                )
-            continue
-        if key == "rank_check":
-            sec, res, share = s["seconds"], s["resolving_s"], s["share_of_scheduler_startup"]
-            print(
-                f"the rank check, tp_size=2, {len(s['checks'])} rank starts: "
-                f"{sec['median']:.3f} s ({sec['min']:.3f}-{sec['max']:.3f}), resolving "
-                f"{res['median']:.3f} s; {share['median']:.2%} "
-                f"({share['min']:.2%}-{share['max']:.2%}) of each scheduler's start-up"
-            )
-            continue
-        if key == "scheduler_activation":
-            sec, share = s["seconds"], s["share_of_scheduler_startup"]
-            print(
-                f"warcore's activation in the scheduler child: {sec['median']:.3f} s "
-                f"({sec['min']:.3f}-{sec['max']:.3f}), {share['median']:.2%} of its start-up"
-            )
-            continue
-        w, aa = s["warcore / sglang"], s["A/A: sglang again / sglang"]
-        print(
-            f"{key:<20} warcore/sglang {w['median']:.3f} ({w['min']:.3f}-{w['max']:.3f})   "
-            f"A/A {aa['median']:.3f} ({aa['min']:.3f}-{aa['max']:.3f})"
-        )
+    _print_summary(result["summary"])
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            write_output("--json", args.json, json.dumps(result, indent=2) + "\n")
+        except UsageError as exc:
+            print(f"{parser.prog}: {exc}", file=sys.stderr)
+            return 2
     return 0
 
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    for key, s in summary.items():
+        print(_SECTIONS.get(key, _ratio_lines)(key, s))
+
+
+def _per_batch_lines(_: str, s: dict[str, Any]) -> str:
+    return "\n".join(
+        f"per batch, {mode:<7} {m['batches']:>4} batches: warcore "
+        f"{m['warcore_us_median']:.1f} us ({m['calls_median']} patched calls) of "
+        f"{m['batch_ms_median']:.2f} ms: median {m['share_median']:.3%}, p90 "
+        f"{m['share_p90']:.3%}, of the total {m['share_of_total']:.3%}"
+        for mode, m in s.items()
+    )
+
+
+def _rank_check_line(_: str, s: dict[str, Any]) -> str:
+    sec, res, share = s["seconds"], s["resolving_s"], s["share_of_scheduler_startup"]
+    return (
+        f"the rank check, tp_size=2, {len(s['checks'])} rank starts: "
+        f"{sec['median']:.3f} s ({sec['min']:.3f}-{sec['max']:.3f}), resolving "
+        f"{res['median']:.3f} s; {share['median']:.2%} "
+        f"({share['min']:.2%}-{share['max']:.2%}) of each scheduler's start-up"
+    )
+
+
+def _activation_line(_: str, s: dict[str, Any]) -> str:
+    sec, share = s["seconds"], s["share_of_scheduler_startup"]
+    return (
+        f"warcore's activation in the scheduler child: {sec['median']:.3f} s "
+        f"({sec['min']:.3f}-{sec['max']:.3f}), {share['median']:.2%} of its start-up"
+    )
+
+
+def _ratio_lines(key: str, s: dict[str, Any]) -> str:
+    w, aa = s["warcore / sglang"], s["A/A: sglang again / sglang"]
+    return (
+        f"{key:<20} warcore/sglang {w['median']:.3f} ({w['min']:.3f}-{w['max']:.3f})   "
+        f"A/A {aa['median']:.3f} ({aa['min']:.3f}-{aa['max']:.3f})"
+    )
+
+
+_SECTIONS: dict[str, Callable[[str, dict[str, Any]], str]] = {
+    "per_batch": _per_batch_lines,
+    "rank_check": _rank_check_line,
+    "scheduler_activation": _activation_line,
+}
+"""Summary sections printed their own way; every other key is a tokens/s or TTFT ratio."""
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -319,6 +319,8 @@ def compare(
 
 
 def _parser() -> argparse.ArgumentParser:
+    from warcore.cli import Limit
+
     parser = argparse.ArgumentParser(
         prog="python -m warcore_sglang.sanitize",
         description=(
@@ -328,8 +330,12 @@ def _parser() -> argparse.ArgumentParser:
             "-- --attention-backend torch_native"
         ),
     )
-    parser.add_argument("--requests", type=int, default=6, help="requests per wave (default 6)")
-    parser.add_argument("--new-tokens", type=int, default=12, help="tokens per request")
+    parser.add_argument(
+        "--requests", type=Limit(int, 1, 1_000), default=6, help="requests per wave (default 6)"
+    )
+    parser.add_argument(
+        "--new-tokens", type=Limit(int, 1, 4_096), default=12, help="tokens per request"
+    )
     parser.add_argument(
         "--cpu-tiny-model",
         metavar="DIR",
@@ -337,7 +343,9 @@ def _parser() -> argparse.ArgumentParser:
         "switches and flags of warcore_sglang.serving); without it, pass --model-path ...",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the report to FILE")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
+    parser.add_argument(
+        "--timeout", type=Limit(float, 1.0, 86_400.0), default=600, help="seconds for the run"
+    )
     parser.add_argument("sglang_args", nargs=argparse.REMAINDER, help="-- then sglang's arguments")
     return parser
 
@@ -389,10 +397,17 @@ def _report_json(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from warcore.cli import UsageError, check_writable, write_output
+
     from .serving import missing_for_serving
 
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        if args.json:
+            check_writable("--json", args.json, make_parents=True)
+    except UsageError as exc:
+        parser.error(str(exc))
     missing = missing_for_serving()
     if missing is not None:
         print(f"{parser.prog}: {missing}", file=sys.stderr)
@@ -407,7 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     report = compare(records, plain, poisoned)
     print("\n".join(report.lines()))
     if args.json:
-        Path(args.json).write_text(_report_json(report))
+        try:
+            write_output("--json", args.json, _report_json(report))
+        except UsageError as exc:
+            print(f"{parser.prog}: {exc}", file=sys.stderr)
+            return 2
     return 0 if report.ok else 1
 
 

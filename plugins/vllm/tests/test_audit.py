@@ -5,8 +5,10 @@ of the real class in place (:mod:`warcore_vllm._variants`)."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -261,3 +263,29 @@ def test_the_audit_command(capsys: pytest.CaptureFixture[str]) -> None:
     violations = [v for v in verdicts if v.startswith(VIOLATION)]
     assert len(violations) == len(audit.EXPECTED)
     assert all(any(f"[{cfg}]" in v for v in violations) for _, cfg in audit.EXPECTED)
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "culprit"),
+    [
+        ("audit", ["--bogus"], "--bogus"),
+        ("bench", ["--rounds", "0"], "--rounds"),
+        ("bench", ["--rounds", "1", "--base", "{missing}"], "--base"),
+        ("bench", ["--json", "{folder}"], "--json"),
+    ],
+)
+def test_the_commands_refuse_a_bad_argument_in_one_line_before_running(
+    command: str, args: list[str], culprit: str, tmp_path: Path
+) -> None:
+    """``audit`` ignored its arguments (``--help`` ran the audit); ``bench --rounds -1`` ended
+    in a traceback, and a ``--base`` that holds no package measured the installed one."""
+    argv = [a.format(folder=tmp_path, missing=tmp_path / "nothing") for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", f"warcore_vllm.{command}", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and culprit in done.stderr.splitlines()[-1], done.stderr
+    assert done.stdout == ""  # nothing was run

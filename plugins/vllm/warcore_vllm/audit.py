@@ -21,6 +21,7 @@ One verdict per check and configuration, naming vLLM's class:
 
 from __future__ import annotations
 
+import argparse
 import ast
 import sys
 from collections.abc import Callable, Iterator
@@ -252,6 +253,13 @@ def audit() -> list[Verdict]:
 
 def main(argv: list[str] | None = None) -> int:
     from ._vllm import gate_problems, installed_version
+
+    argparse.ArgumentParser(
+        prog="python -m warcore_vllm.audit",
+        description="Audit the installed vLLM's reuse of the buffers a step's copies read, on "
+        "its real classes (no GPU, no model weights). Exit 0: every verdict as expected; 1: an "
+        "unexpected violation; 2: not the audited vLLM.",
+    ).parse_args(argv)
 
     print(f"warcore-vllm audit of vLLM {installed_version()} ({', '.join(STAGING)})")
     problems = gate_problems()

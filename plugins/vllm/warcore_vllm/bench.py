@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from warcore.cli import Limit, UsageError, check_writable, write_output
+
 __all__ = ["main", "measure"]
 
 CHILD = """
@@ -105,10 +107,17 @@ def _print(summary: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m warcore_vllm.bench", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=Limit(int, 1, 100), default=3, help="rounds (1 to 100)")
     parser.add_argument("--base", help="a folder holding an older warcore_vllm package")
     parser.add_argument("--json", type=Path, help="write every run and the summary here")
     args = parser.parse_args(argv)
+    if args.base and not (Path(args.base) / "warcore_vllm" / "__init__.py").is_file():
+        parser.error(f"--base {args.base}: no warcore_vllm package in that folder")
+    try:
+        if args.json:
+            check_writable("--json", args.json, make_parents=True)
+    except UsageError as exc:
+        parser.error(str(exc))
     variants = ["vllm", "warcore"] + (["warcore base"] if args.base else [])
     load = [os.getloadavg()[0]]
     rows: list[dict[str, Any]] = []
@@ -127,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         command = ["python", "-m", "warcore_vllm.bench", *(argv or sys.argv[1:])]
         record = {"command": command, "load": load, "summary": summary, "runs": rows}
-        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        try:
+            write_output("--json", args.json, json.dumps(record, indent=1) + "\n")
+        except UsageError as exc:
+            print(f"{parser.prog}: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
