@@ -261,6 +261,29 @@ def test_an_answer_that_raises_when_shown_is_a_failure_naming_the_plugin(hook: s
     assert shown in failure.error, failure.error
 
 
+def test_a_plugin_calling_sys_exit_in_a_hook_is_that_plugins_failure() -> None:
+    """``SystemExit`` from a hook went through the resolution into the engine (sglang's
+    scheduler); ``KeyboardInterrupt`` is the operator's and still goes on."""
+
+    class Exits:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        @hookimpl
+        def warcore_shared_read_boundary(self, backend: str) -> SharedReadBoundary:
+            raise self.error
+
+    pm = WarcorePluginManager(builtins=False)
+    pm.register(Exits(SystemExit(3)), name="wctest_exits")
+    resolved = resolve_shared_read_boundary("wctest_traced", ForwardMode.DECODE, pm=pm)
+    assert resolved.boundary is SharedReadBoundary.UNKNOWN
+    assert [(f.plugin, f.error) for f in resolved.failures] == [("wctest_exits", "SystemExit: 3")]
+    pm = WarcorePluginManager(builtins=False)
+    pm.register(Exits(KeyboardInterrupt()), name="wctest_interrupted")
+    with pytest.raises(KeyboardInterrupt):
+        resolve_shared_read_boundary("wctest_traced", ForwardMode.DECODE, pm=pm)
+
+
 def test_a_change_listener_can_be_removed() -> None:
     pm = WarcorePluginManager(builtins=False)
     heard: list[int] = []

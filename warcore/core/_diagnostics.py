@@ -13,7 +13,28 @@ import pluggy
 
 from ._hookspecs import WarcoreSpecs
 
-__all__ = ["PluginInfo", "PluginValidationError", "hook_problems", "source_path"]
+__all__ = [
+    "PLUGIN_ERRORS",
+    "PluginInfo",
+    "PluginValidationError",
+    "failure_text",
+    "hook_problems",
+    "source_path",
+]
+
+PLUGIN_ERRORS = (Exception, SystemExit)
+"""What a plugin's code may raise and still be only that plugin's failure: a ``sys.exit()`` in
+a hook or at import is a bug of the plugin, never the engine's exit. ``KeyboardInterrupt`` is
+not among them: it is the operator's, and goes on."""
+
+
+def failure_text(exc: BaseException) -> str:
+    """``Type: message`` of a plugin's exception, never raising (its ``__str__`` may)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message raised)"
+
 
 PluginStatus = Literal["active", "disabled", "failed"]
 

@@ -16,7 +16,14 @@ from typing import Any, TypeVar, cast
 import pluggy
 
 from ._config import ENV_PLUGINS, ENV_STRICT_PLUGINS, LoaderConfig
-from ._diagnostics import PluginInfo, PluginValidationError, hook_problems, source_path
+from ._diagnostics import (
+    PLUGIN_ERRORS,
+    PluginInfo,
+    PluginValidationError,
+    failure_text,
+    hook_problems,
+    source_path,
+)
 from ._hookspecs import PROJECT_NAME, WarcoreSpecs
 from ._select import BUILTIN_PLUGIN_NAME, Candidate, select_entry_points
 
@@ -358,12 +365,12 @@ class WarcorePluginManager(pluggy.PluginManager):
             self._unrecorded(lambda: self.register(plugin, ep.name))
             registered = True
             self._check_plugin(ep.name, plugin)
-        except Exception as exc:
+        except PLUGIN_ERRORS as exc:
             if registered:
                 self._unrecorded(lambda: self.unregister(name=ep.name))
             load_ms = (time.perf_counter() - start) * 1e3
             base = base.replace(load_ms=load_ms, warnings=self._slow(base, load_ms))
-            self._record_failure(base, f"{type(exc).__name__}: {exc}", exc)
+            self._record_failure(base, failure_text(exc), exc)
             return
         finally:
             self._importing, self._reentry = None, None

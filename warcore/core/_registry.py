@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ._diagnostics import PLUGIN_ERRORS, failure_text
 from ._flags import check_flags
 from ._manager import WarcorePluginManager
 from ._select import BUILTIN_PLUGIN_NAME
@@ -102,8 +103,8 @@ class Registry:
                 for spec in specs:
                     if not isinstance(spec, kind):
                         raise TypeError(f"returned {spec!r}, expected {kind.__name__}")
-            except Exception as exc:
-                problem = f"plugin {impl.plugin_name!r} hook {hook!r} failed: {exc}"
+            except PLUGIN_ERRORS as exc:
+                problem = f"plugin {impl.plugin_name!r} hook {hook!r} failed: {failure_text(exc)}"
                 self.problems.append(problem)
                 _log_failure(pm, impl.plugin_name, hook, exc, problem)
                 continue
@@ -173,10 +174,10 @@ class Registry:
 
 
 def _log_failure(
-    pm: WarcorePluginManager, plugin: str, hook: str, exc: Exception, message: str
+    pm: WarcorePluginManager, plugin: str, hook: str, exc: BaseException, message: str
 ) -> None:
     """Once per (plugin, hook, reason) in the process, like a resolution failure."""
-    pm.log_once(("failed", plugin, hook, f"{type(exc).__name__}: {exc}"), logging.WARNING, message)
+    pm.log_once(("failed", plugin, hook, failure_text(exc)), logging.WARNING, message)
 
 
 def _describe(pm: WarcorePluginManager, plugin: str) -> str:

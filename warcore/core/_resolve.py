@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from ._boundary import Declared, SharedReadBoundary, latest
 from ._config import ENV_PREFILL_FAST_PATH
+from ._diagnostics import PLUGIN_ERRORS, failure_text
 from ._manager import WarcorePluginManager, get_plugin_manager
 from ._modes import CAPTURED_MODES, CONTRACT_MODES, ForwardMode
 from ._registry import get_registry
@@ -164,14 +165,6 @@ def shown(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def failure_text(exc: BaseException) -> str:
-    """``Type: message`` of a plugin's exception, never raising (its ``__str__`` may)."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return f"{type(exc).__name__} (its message raised)"
-
-
 def _accepts(question: _Question[Any], value: object) -> bool:
     """``question.accept(value)``; a value whose comparison raises is not an answer."""
     try:
@@ -196,7 +189,7 @@ def _poll(
             continue
         try:
             value = pm.call_hookimpl(hook, impl, kwargs)
-        except Exception as exc:
+        except PLUGIN_ERRORS as exc:
             failures.append(PluginFailure(impl.plugin_name, hook, failure_text(exc)))
             continue
         if value is None:
@@ -484,7 +477,7 @@ def _backend_identity(
         if isinstance(answer, str):
             raise TypeError(f"returned the string {answer!r}, not a sequence of backend names")
         children = tuple(answer)
-    except Exception as exc:
+    except PLUGIN_ERRORS as exc:
         return name, (), PluginFailure(owner, "children_for", failure_text(exc)), owner
     for child in children:
         if not isinstance(child, str) and not isinstance(getattr(child, "name", None), str):
