@@ -3,7 +3,7 @@
 ``DecodeCudaGraphRunner.execute`` resolves where the forward's shared reads end on every
 replay: sglang 0.5.23 calls ``_resolve_shared_read_ends(attn_backend, mode)``, which asks the
 backend's ``shared_read_ends(mode)`` (through ``super()`` for ``trtllm_mha``). With warcore-sglang
-installed the same method answers from the runner's remembered answers (one identity test, one
+installed the same method answers from the runner's remembered answers (one attribute read, one
 dict lookup; sglang's own answer and warcore's are bounded once, on the first call). This
 measures both, in one run, on the same objects: a bare ``DecodeCudaGraphRunner`` per case
 holding what sglang's constructor and capture leave (its backend, no pdmux, a planted in-graph

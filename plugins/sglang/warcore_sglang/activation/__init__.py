@@ -23,7 +23,7 @@ defined later: ``AttentionBackend.__init_subclass__``) warcore name; a veto, for
                                                        with no event (a coarse barrier)
 ``DecodeCudaGraphRunner._resolve_shared_read_ends``    the later of sglang's own and the
 (and overrides)                                        backend's patched answer, remembered
-                                                       per runner (one identity test, one
+                                                       per runner (one attribute read, one
                                                        dict lookup per replay)
 =====================================================  =====================================
 

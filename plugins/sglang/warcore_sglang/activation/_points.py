@@ -14,7 +14,7 @@ down one way:
 
 A failure in step 3 never reaches sglang: it is logged once and answered UNKNOWN (a coarse
 fence). The decode runner asks on every ``execute``, so its answer is remembered per runner:
-one identity test and one dict lookup (``python -m warcore_sglang.bench`` measures it against
+one attribute read and one dict lookup (``python -m warcore_sglang.bench`` measures it against
 an empty method), forgotten whenever warcore's plugins or switches change or the runner plants
 its in-graph event.
 """

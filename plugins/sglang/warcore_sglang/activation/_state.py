@@ -33,7 +33,7 @@ PREFILL = "_warcore_sglang_prefill"
 TABLE = "_warcore_sglang_table"
 """A decode runner's answers: backend -> mode -> ends."""
 FAST = "_warcore_sglang_fast"
-"""A decode runner's answers for its last backend: (backend, mode -> ends, UNKNOWN left out)."""
+"""A decode runner's answers for its own backend: mode -> ends (UNKNOWN left out)."""
 OWNER = "_warcore_sglang_owner"
 """A worker's event owners: (generation, (has draft, staged) -> owner name)."""
 PER_INSTANCE = (SRE, PREFILL, TABLE, FAST, OWNER)
