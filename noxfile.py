@@ -22,14 +22,18 @@ downloads a multi-GB CUDA build). Run all cells with ``nox -s matrix``, one with
 one more distribution (a source tree or a wheel) into every cell run. The rest of the
 arguments after ``--`` go to pytest. See docs/matrix.md.
 
-``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against
-sglang 0.5.23's real classes, installed from ``plugins/sglang/sglang-0.5.23-pins.txt``;
-``nox -s sglang_server`` (``.ci/run`` too) starts sglang 0.5.23's real ``Engine`` and HTTP
-server on this CPU with warcore active and asserts on what their barriers did;
-``nox -s sglang_refusal`` (``.ci/run`` too) installs sglang 0.5.22, which warcore-sglang has not
-audited, from ``plugins/sglang/sglang-0.5.22-pins.txt``, and checks that ``install()`` refuses it
-and patches nothing, and that its real ``Engine`` says so in one start-up line and serves alone;
-``nox -s vllm`` (``.ci/run`` too) audits vLLM 0.33.0's real classes with warcore-vllm.
+``nox -s sglang`` (not a default session; ``.ci/run`` runs it) tests warcore-sglang against the
+newest audited sglang release's real classes (``plugins/sglang/sglang-releases.txt`` lists the
+audited releases; each has its ``sglang-<version>-pins.txt``); ``nox -s sglang_server``
+(``.ci/run`` too) starts that release's real ``Engine`` and HTTP server on this CPU with warcore
+active and asserts on what their barriers did; ``nox -s "sglang_release(version='V')"`` (each
+older audited release, ``.ci/run`` too) runs what that release changes: the class-level tests
+that depend on it, and one real ``Engine``; ``nox -s sglang_refusal`` (``.ci/run`` too)
+installs sglang 0.5.20, which warcore-sglang has not audited, and checks that ``install()``
+refuses it and patches nothing, and that its real ``Engine`` says so in one start-up line and
+serves alone; ``nox -s vllm`` (``.ci/run`` too) audits the real classes of each vLLM release
+warcore-vllm supports (one session per release, ``vllm(release='0.33.0')``,
+``vllm(release='0.34.0')``).
 """
 
 from __future__ import annotations
@@ -177,6 +181,14 @@ def _share_torch(session: nox.Session) -> None:
     Path(site.strip(), "_warcore_shared_torch.pth").write_text(f"{_torch_site()}\n")
 
 
+def _cache_bytecode(session: nox.Session) -> None:
+    """Python writes what it compiles to ``__pycache__`` in this session's venv, whatever the
+    caller's ``PYTHONDONTWRITEBYTECODE`` (set on these machines): the engines are installed
+    ``--no-compile``, and without a cache every process that imports sglang compiled its 2,900
+    modules again (6.7 s of a 17.7 s ``warcore matrix``, measured here)."""
+    session.env["PYTHONDONTWRITEBYTECODE"] = ""
+
+
 def _plugin_options(session: nox.Session) -> tuple[list[Distribution], list[str]]:
     """Split the arguments after ``--``: each ``--plugin PATH`` (or ``--plugin=PATH``) is one
     more distribution for the cell, a source tree (its ``tests/`` folder, if any, runs too)
@@ -311,15 +323,35 @@ def matrix(session: nox.Session, cell: str, pluggy: str) -> None:
 
 
 SGLANG = ROOT / "plugins" / "sglang"
-SGLANG_PINS = SGLANG / "sglang-0.5.23-pins.txt"
+SGLANG_RELEASES = SGLANG / "sglang-releases.txt"
+"""The sglang releases warcore-sglang audited, oldest first: the version list CI reads (each has
+its pin file ``plugins/sglang/sglang-<version>-pins.txt``; a test checks it names exactly the
+releases of ``warcore_sglang.releases``)."""
 SGLANG_BOOT = SGLANG / "tests" / "_boot"
 SGLANG_PLUGINS = ("trtllm_mha", "deepseek_v4", "dflash")
 """The repository's plugins (matrix.toml's distributions) installed beside warcore-sglang."""
-SGLANG_SERVER_PINS = SGLANG / "sglang-0.5.23-server-pins.txt"
 SGLANG_SERVER_TESTS = SGLANG / "tests" / "server"
 SGLANG_TEST_DISTS = ["sglang_fork_attn", "warcore_sglang_test_plugins"]
-SGLANG_REFUSED_PINS = SGLANG / "sglang-0.5.22-pins.txt"
 SGLANG_REFUSAL_TESTS = SGLANG / "tests" / "refusal"
+SGLANG_RELEASE_TESTS = SGLANG / "tests" / "release"
+SGLANG_UNAUDITED = "0.5.20"
+"""An sglang release warcore-sglang has not audited (refused in ``nox -s sglang_refusal``)."""
+
+
+def _listed(path: Path) -> list[str]:
+    return [
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+SGLANG_AUDITED = _listed(SGLANG_RELEASES)
+SGLANG_NEWEST = SGLANG_AUDITED[-1]
+
+
+def _sglang_pins(version: str) -> Path:
+    return SGLANG / f"sglang-{version}-pins.txt"
 
 
 def _assert_sglang_env(version: str) -> str:
@@ -330,63 +362,93 @@ def _assert_sglang_env(version: str) -> str:
     )
 
 
-_ASSERT_SGLANG_ENV = _assert_sglang_env("0.5.23")
+def _sglang_venv(session: nox.Session, version: str, pins: Path, editables: Sequence[Path]) -> None:
+    """torch==2.13.0 (CPU) from the shared torch env, then sglang and what its imports need here
+    from ``pins`` at once with ``--no-deps`` (sglang's own metadata asks for torch 2.14.1 and
+    GPU-only packages, which must never be resolved; ``--no-compile``: pip's byte-compiling of
+    sglang's wheel took 36 s, 4 s without, measured here, and what is imported compiles then),
+    then warcore and ``editables`` editable, also ``--no-deps``; checks the versions installed
+    (from metadata: ``import sglang`` itself needs the triton stand-in)."""
+    _share_torch(session)
+    _cache_bytecode(session)
+    session.install("--no-deps", "--no-compile", "-r", str(pins))
+    session.install(PLUGGY["newest"], "pytest>=8")
+    trees = [ROOT, *editables]
+    session.install("--no-deps", *(arg for path in trees for arg in ("-e", str(path))))
+    session.run("python", "-c", _assert_sglang_env(version))
+
+
+def _pytest_args(tmp: Path) -> list[str]:
+    args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
+    args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
+    # the servers' logs and traces stay in the session's own folder, whoever else uses /tmp
+    return [*args, "-W", "ignore::DeprecationWarning", "--basetemp", str(tmp / "pytest")]
 
 
 @nox.session
 def sglang(session: nox.Session) -> None:
-    """warcore-sglang against sglang 0.5.23's real classes, on a CPU (not in the default
-    sessions: ``nox -s sglang``; ``.ci/run`` runs it).
+    """warcore-sglang against the newest audited sglang's real classes, on a CPU (not in the
+    default sessions: ``nox -s sglang``; ``.ci/run`` runs it).
 
-    torch==2.13.0 (CPU) comes from the shared torch env (``.nox/_torch``, pip-installed pinned,
-    seen through a ``.pth`` file written before anything else); sglang and every package its
-    imports need here are installed at once from the pin file with ``--no-deps`` (sglang's own
-    metadata asks for torch 2.14.1 and GPU-only packages, which must never be resolved), then
-    warcore, its plugins and warcore-sglang editable, also ``--no-deps``. triton and
-    torchvision are stood in by plugins/sglang/tests/_boot (where the real ones are absent).
-    Runs plugins/sglang/tests, then the lookup benchmark with a small count.
+    The venv: :func:`_sglang_venv` with ``plugins/sglang/sglang-<newest>-pins.txt``, the
+    repository's plugins and warcore-sglang editable. triton and torchvision are stood in by
+    plugins/sglang/tests/_boot (where the real ones are absent). Runs plugins/sglang/tests
+    (every class-level test, the release-agnostic ones included), then the lookup benchmark
+    with a small count.
     """
-    _share_torch(session)
-    session.install("--no-deps", "-r", str(SGLANG_PINS))
-    session.install(PLUGGY["newest"], "pytest>=8")
-    editables = [ROOT, *(DISTRIBUTIONS[p].path for p in SGLANG_PLUGINS), SGLANG]
-    session.install("--no-deps", *(arg for path in editables for arg in ("-e", str(path))))
-    # Versions from metadata: `import sglang` itself needs the triton stand-in.
-    session.run("python", "-c", _ASSERT_SGLANG_ENV)
-    session.chdir(session.create_tmp())
-    pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
-    pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
-    pytest_args += ["-W", "ignore::DeprecationWarning"]
+    editables = [*(DISTRIBUTIONS[p].path for p in SGLANG_PLUGINS), SGLANG]
+    _sglang_venv(session, SGLANG_NEWEST, _sglang_pins(SGLANG_NEWEST), editables)
+    tmp = Path(session.create_tmp()).resolve()
+    session.chdir(tmp)
     tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
-    tests += ["--ignore", str(SGLANG_REFUSAL_TESTS)]
-    session.run("python", "-m", "pytest", *pytest_args, *tests, *session.posargs)
+    tests += ["--ignore", str(SGLANG_REFUSAL_TESTS), "--ignore", str(SGLANG_RELEASE_TESTS)]
+    session.run("python", "-m", "pytest", *_pytest_args(tmp), *tests, *session.posargs)
     env = {"PYTHONPATH": str(SGLANG_BOOT)}
-    bench = ["python", "-m", "warcore_sglang.bench", "--calls", "20000", "--repeat", "3"]
+    bench = ["python", "-m", "warcore_sglang.serving.bench", "--calls", "20000", "--repeat", "3"]
     session.run(*bench, env=env)
 
 
 @nox.session
-def sglang_server(session: nox.Session) -> None:
-    """warcore-sglang inside sglang 0.5.23's real servers, on a CPU (not in the default
-    sessions: ``nox -s sglang_server``; ``.ci/run`` runs it).
+@nox.parametrize("version", SGLANG_AUDITED[:-1])
+def sglang_release(session: nox.Session, version: str) -> None:
+    """warcore-sglang on an older audited sglang release (``sglang-releases.txt``), on a CPU
+    (``nox -s "sglang_release(version='0.5.22')"``; ``.ci/run`` runs each).
 
-    The venv: torch==2.13.0 (CPU) from the shared torch env, sglang and what its serving path
-    imports here from ``plugins/sglang/sglang-0.5.23-server-pins.txt`` (``--no-deps``, as for
-    ``nox -s sglang``), warcore and warcore-sglang (editable, ``--no-deps``; their entry points
-    are what sglang and warcore load), and the test distributions of
+    Only what that release changes: the class-level tests whose outcome can depend on the sglang
+    release installed (``-m "not any_release"``: every cell never earlier than that release's
+    own answer nor than declared, the shape gate on its real modules, the drift tests where
+    their shape applies, the tests of its own shape), and one real ``Engine`` with
+    ``WARCORE_SGLANG=1`` beside one without (plugins/sglang/tests/release: the active line
+    names the release, the tokens are sglang's own). The real-server and multi-rank suite runs
+    on the newest release only (``nox -s sglang_server``).
+    """
+    editables = [*(DISTRIBUTIONS[p].path for p in SGLANG_PLUGINS), SGLANG]
+    _sglang_venv(session, version, _sglang_pins(version), editables)
+    tmp = Path(session.create_tmp()).resolve()
+    session.chdir(tmp)
+    tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
+    tests += ["--ignore", str(SGLANG_REFUSAL_TESTS), "-m", "not any_release"]
+    session.run("python", "-m", "pytest", *_pytest_args(tmp), *tests, *session.posargs)
+
+
+@nox.session
+def sglang_server(session: nox.Session) -> None:
+    """warcore-sglang inside the newest audited sglang's real servers, on a CPU (not in the
+    default sessions: ``nox -s sglang_server``; ``.ci/run`` runs it).
+
+    The venv: :func:`_sglang_venv` with ``plugins/sglang/sglang-<newest>-server-pins.txt`` (the
+    release's pins and what its serving path imports here), warcore-sglang editable (its entry
+    points are what sglang and warcore load), and the test distributions of
     ``plugins/sglang/tests/server/dists`` built as wheels and installed: an out-of-tree sglang
     attention backend and third-party warcore plugins. ``sgl_kernel``, ``triton`` and
     ``torchvision`` are import-only stand-ins (``plugins/sglang/tests/_boot``, reaching every
     process through ``PYTHONPATH``). The tests start the real ``Engine`` and
-    ``python -m warcore_sglang.launch_server`` (HTTP on 127.0.0.1) from a tiny model written
-    by the test, bound every wait and stop every process by its pid.
+    ``python -m warcore_sglang.serving.launch_server`` (HTTP on 127.0.0.1) from a tiny model
+    written by the test, bound every wait and stop every process by its pid.
     """
-    _share_torch(session)
-    session.install("--no-deps", "-r", str(SGLANG_SERVER_PINS))
-    session.install(PLUGGY["newest"], "pytest>=8")
-    session.install("--no-deps", "-e", str(ROOT), "-e", str(SGLANG))
+    server_pins = SGLANG / f"sglang-{SGLANG_NEWEST}-server-pins.txt"
+    _sglang_venv(session, SGLANG_NEWEST, server_pins, [SGLANG])
     _install_test_dists(session, SGLANG_TEST_DISTS)
-    session.run("python", "-c", _ASSERT_SGLANG_ENV)
     _run_server_tests(session, SGLANG_SERVER_TESTS)
 
 
@@ -403,70 +465,67 @@ def _install_test_dists(session: nox.Session, names: Sequence[str]) -> None:
 def _run_server_tests(session: nox.Session, tests: Path) -> None:
     tmp = Path(session.create_tmp()).resolve()  # absolute: the chdir below moves into it
     session.chdir(tmp)
-    pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
-    pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::UserWarning"]
-    pytest_args += ["-W", "ignore::DeprecationWarning", "-rA", "--durations=5"]
-    # the servers' logs and traces stay in the session's own folder, whoever else uses /tmp
-    pytest_args += ["--basetemp", str(tmp / "pytest")]
-    session.run("python", "-m", "pytest", *pytest_args, str(tests), *session.posargs)
+    args = [*_pytest_args(tmp), "-rA", "--durations=5"]
+    session.run("python", "-m", "pytest", *args, str(tests), *session.posargs)
 
 
 @nox.session
 def sglang_refusal(session: nox.Session) -> None:
-    """warcore-sglang against sglang 0.5.22, a release it has not audited, on a CPU (not in the
-    default sessions: ``nox -s sglang_refusal``; ``.ci/run`` runs it).
+    """warcore-sglang against an sglang release it has not audited (0.5.20), on a CPU (not in
+    the default sessions: ``nox -s sglang_refusal``; ``.ci/run`` runs it).
 
-    The venv: torch==2.13.0 (CPU) from the shared torch env, sglang 0.5.22 and what its
-    imports and its ``Engine`` need here from ``plugins/sglang/sglang-0.5.22-pins.txt``
-    (``--no-deps``, as for 0.5.23), warcore and warcore-sglang (editable, ``--no-deps``), and
-    the out-of-tree backend of ``plugins/sglang/tests/server/dists/sglang_fork_attn`` as a
-    wheel. Runs plugins/sglang/tests/refusal: ``install()`` refuses on 0.5.22's real classes
-    and patches nothing, and 0.5.22's real ``Engine`` with ``WARCORE_SGLANG=1`` says so in one
-    start-up line and serves on sglang's own decisions.
+    The venv: :func:`_sglang_venv` with ``plugins/sglang/sglang-0.5.20-pins.txt`` and
+    warcore-sglang editable. Runs plugins/sglang/tests/refusal: ``install()`` refuses on that
+    release's real classes and patches nothing, and its real ``Engine`` with
+    ``WARCORE_SGLANG=1`` says so in one start-up line and serves on sglang's own decisions.
     """
-    _share_torch(session)
-    # --no-compile: installing sglang's wheel took 36 s with pip's byte-compiling, 4 s without
-    # (measured here); only what the tests import needs compiling, and it is, on import
-    session.install("--no-deps", "--no-compile", "-r", str(SGLANG_REFUSED_PINS))
-    session.install(PLUGGY["newest"], "pytest>=8")
-    session.install("--no-deps", "-e", str(ROOT), "-e", str(SGLANG))
-    _install_test_dists(session, ["sglang_fork_attn"])
-    session.run("python", "-c", _assert_sglang_env("0.5.22"))
+    _sglang_venv(session, SGLANG_UNAUDITED, _sglang_pins(SGLANG_UNAUDITED), [SGLANG])
     _run_server_tests(session, SGLANG_REFUSAL_TESTS)
 
 
 VLLM = ROOT / "plugins" / "vllm"
-VLLM_PINS = VLLM / "vllm-0.33.0-pins.txt"
-_ASSERT_VLLM_ENV = (
-    "from importlib.metadata import version as v; "
-    "assert v('vllm') == '0.33.0', v('vllm'); "
-    "assert v('torch').startswith('2.13.0'), v('torch')"
+VLLM_RELEASES = sorted(
+    (p.name.removeprefix("vllm-").removesuffix("-pins.txt") for p in VLLM.glob("vllm-*-pins.txt")),
+    key=lambda v: tuple(int(n) for n in v.split(".")),
 )
+"""The vLLM releases warcore-vllm is tested on: one pin file ``plugins/vllm/vllm-<v>-pins.txt``
+each, the one list (a test checks it is ``warcore_vllm.releases.RELEASES``'s keys)."""
+
+
+def _assert_vllm_env(release: str) -> str:
+    return (
+        "from importlib.metadata import version as v; "
+        f"assert v('vllm') == '{release}', v('vllm'); "
+        "assert v('torch').startswith('2.13.0'), v('torch')"
+    )
 
 
 @nox.session
-def vllm(session: nox.Session) -> None:
-    """warcore-vllm against vLLM 0.33.0's real classes, on a CPU (not in the default sessions:
-    ``nox -s vllm``; ``.ci/run`` runs it).
+@nox.parametrize("release", VLLM_RELEASES)
+def vllm(session: nox.Session, release: str) -> None:
+    """warcore-vllm against one vLLM release's real classes, on a CPU (not in the default
+    sessions: ``nox -s vllm`` runs every release, ``nox -s "vllm(release='0.34.0')"`` one;
+    ``.ci/run`` runs them).
 
     torch==2.13.0 (CPU) comes from the shared torch env (``.nox/_torch``, seen through a
     ``.pth`` file written before anything else); vLLM and every package its imports need here
-    are installed at once from the pin file with ``--no-deps`` (vLLM's own metadata asks for
-    torch 2.14.0 and GPU-only packages, which must never be resolved), then warcore and
-    warcore-vllm editable, also ``--no-deps``. Runs plugins/vllm/tests, which run the audit
+    are installed at once from the release's pin file with ``--no-deps`` (vLLM's own metadata
+    asks for torch 2.14.0 and GPU-only packages, which must never be resolved), then warcore
+    and warcore-vllm editable, also ``--no-deps``. Runs plugins/vllm/tests, which run the audit
     (``python -m warcore_vllm.audit``'s ``main``) and print its output.
     """
     _share_torch(session)
-    # --no-compile: pip byte-compiles every file of the pins (vLLM's 855 MB among them), 43 s
-    # against 25 s without (measured here); only what the tests import needs compiling, and
-    # Python compiles it on import
-    session.install("--no-deps", "--no-compile", "-r", str(VLLM_PINS))
+    _cache_bytecode(session)
+    # --no-compile: pip byte-compiles every file of the pins (vLLM's 473-855 MB among them),
+    # 43 s against 25 s without (measured here); only what the tests import needs compiling,
+    # and Python compiles it on import
+    session.install("--no-deps", "--no-compile", "-r", str(VLLM / f"vllm-{release}-pins.txt"))
     session.install(PLUGGY["newest"], "pytest>=8", "setuptools>=64")
     # no build isolation: the two editable installs build with the venv's setuptools (3 s)
     # instead of installing it into a fresh build env each (10 s, measured here)
     editables = ["--no-build-isolation", "-e", str(ROOT), "-e", str(VLLM)]
     session.install("--no-deps", "--no-compile", *editables)
-    session.run("python", "-c", _ASSERT_VLLM_ENV)
+    session.run("python", "-c", _assert_vllm_env(release))
     session.chdir(session.create_tmp())
     pytest_args = ["-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
     pytest_args += ["--rootdir", str(ROOT), "-W", "ignore::DeprecationWarning", "--durations=5"]

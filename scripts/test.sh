@@ -15,7 +15,7 @@ done
 
 failed=()
 .venv/bin/ruff check warcore plugins tests examples docs || failed+=(ruff)
-.venv/bin/lint-imports --no-cache --no-logo || failed+=(lint-imports)
+PYTHONPATH=plugins/sglang:plugins/vllm .venv/bin/lint-imports --no-cache --no-logo || failed+=(lint-imports)
 .venv/bin/mypy warcore "${plugin_packages[@]}" || failed+=(mypy)
 # mkdocs.yml: strict, into site/ (ignored). NO_MKDOCS_2_WARNING: mkdocs-material's banner about
 # its successor, printed on every build. Not --quiet: it hides the warnings --strict counts.

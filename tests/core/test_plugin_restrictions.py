@@ -368,14 +368,18 @@ def test_no_command_imports_a_blocked_plugin(
 
 
 def test_no_warcore_subprocess_drops_the_restrictions() -> None:
-    """Every child interpreter warcore starts is the start-up benchmark's (checked above)."""
+    """Every child interpreter warcore starts is the start-up benchmark's (checked above), or
+    ``warcore release``'s ``python -m pip download``, which loads no warcore plugin and gets
+    this process's environment as it is (only its temporary folder moved)."""
     root = Path(warcore.__file__).parent
     launches = sorted(
         str(path.relative_to(root))
         for path in root.rglob("*.py")
         if "sys.executable" in path.read_text(encoding="utf-8")
     )
-    assert launches == ["bench/startup.py"], launches
+    assert launches == ["bench/startup.py", "integration/wheel.py"], launches
+    fetch = (root / "integration" / "wheel.py").read_text(encoding="utf-8")
+    assert '"-m", "pip", "download"' in fetch and "env = {**os.environ, " in fetch
 
 
 # -- hooks that would silently do nothing -----------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from warcore.attention.torch_native import TorchNativeBackend
-from warcore.core import BoundaryContext, ForwardMode
+from warcore.core import ForwardMode
 
 if TYPE_CHECKING:
     from warcore.batch import ForwardBatch, KVPool
@@ -53,14 +53,9 @@ class _Plan:
 class FlashInferBackend(TorchNativeBackend):
     name = "flashinfer"
 
-    def __init__(
-        self,
-        pool: KVPool,
-        max_bs: int,
-        capacity: int,
-        context: BoundaryContext | None = None,
-    ) -> None:
-        super().__init__(pool, max_bs, capacity, context)
+    def __init__(self, pool: KVPool, *args: Any, **kwargs: Any) -> None:
+        """As :class:`TorchNativeBackend`'s; refused off CUDA, or without 16-bit weights."""
+        super().__init__(pool, *args, **kwargs)
         if pool.req_to_token.device.type != "cuda":
             raise RuntimeError("the flashinfer backend needs a CUDA device (use --device cuda)")
         if pool.cfg.dtype not in _DTYPES:

@@ -169,6 +169,7 @@ class Diverged(Exception):
     """Raised into the engine's loop to stop a poisoned run once its outputs differ."""
 
 
+@dataclass(eq=False)
 class SanitizingWorker:
     """Wraps the engine's worker: numbers the steps, brackets each one with the buffers'
     snapshot (before) and restore (after) on the forward stream, and keeps the row state each
@@ -179,23 +180,17 @@ class SanitizingWorker:
     first difference the runs are not comparable, so running on would only cost time.
     """
 
-    def __init__(
-        self,
-        inner: Worker,
-        probe: SanitizerProbe,
-        device: Device,
-        stream: Stream,
-        rows: RowState,
-        differs: Callable[[SanitizerProbe], bool] | None = None,
-    ) -> None:
-        self.inner = inner
-        self.probe = probe
-        self.device = device
-        self.stream = stream
-        self.rows = rows
-        self.differs = differs
-        # The engine lists its runners through ``worker.draft`` (EAGLE's draft group).
-        self.draft = getattr(inner, "draft", None)
+    inner: Worker
+    probe: SanitizerProbe
+    device: Device
+    stream: Stream
+    rows: RowState
+    differs: Callable[[SanitizerProbe], bool] | None = None
+
+    @property
+    def draft(self) -> object:
+        """The engine lists its runners through ``worker.draft`` (EAGLE's draft group)."""
+        return getattr(self.inner, "draft", None)
 
     @property
     def mailbox(self) -> ModelRunner | None:

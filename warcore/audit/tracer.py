@@ -301,26 +301,16 @@ def violation_note(trace: ReadTrace, violation: Violation) -> str:
 # -- the probe and the dispatch mode -------------------------------------------------------
 
 
+@dataclass(slots=True, eq=False)
 class _Work:
     """What the mode appends to: one launched piece of work of one forward."""
 
-    __slots__ = ("after", "after_forward", "label", "launch", "reads", "storages")
-
-    def __init__(
-        self,
-        reads: list[SharedRead],
-        label: str,
-        launch: int,
-        after: bool,
-        storages: dict[int, str],
-        after_forward: bool = False,
-    ) -> None:
-        self.reads = reads
-        self.label = label
-        self.launch = launch
-        self.after = after
-        self.storages = storages
-        self.after_forward = after_forward
+    reads: list[SharedRead]
+    label: str
+    launch: int
+    after: bool
+    storages: dict[int, str]
+    after_forward: bool = False
 
     def add(self, buffer: str, op: str, declared: bool) -> None:
         where = _backend_method()

@@ -2,12 +2,12 @@
 
 One module per command (:mod:`~warcore.cli.plugins` holds ``plugins``, ``matrix`` and
 ``check``; then :mod:`~warcore.cli.bench`, :mod:`~warcore.cli.run`,
-:mod:`~warcore.cli.sanitize`, :mod:`~warcore.cli.soak`), each thin: it parses, calls the
-capability, prints. Each exports one :class:`Command` per subcommand: a help line, a function
-that adds its arguments and a function that runs it and returns the exit status. To add a
-command, write such a module and add an entry to :data:`_COMMANDS`; import anything heavy
-(torch, the engine, the sanitizer) inside the run function so that ``warcore plugins`` stays
-fast and works without a device.
+:mod:`~warcore.cli.sanitize`, :mod:`~warcore.cli.soak`, :mod:`~warcore.cli.release`), each
+thin: it parses, calls the capability, prints. Each exports one :class:`Command` per
+subcommand: a help line, a function that adds its arguments and a function that runs it and
+returns the exit status. To add a command, write such a module and add an entry to
+:data:`_COMMANDS`; import anything heavy (torch, the engine, the sanitizer) inside the run
+function so that ``warcore plugins`` stays fast and works without a device.
 
 May import every other part of warcore; nothing in warcore imports it (``warcore.__main__``
 and the ``warcore`` console script aside).
@@ -37,6 +37,7 @@ from warcore._lazy import torch_missing
 from warcore.cli._common import (
     PROG,
     Command,
+    JsonOutput,
     Limit,
     Parser,
     UsageError,
@@ -45,6 +46,7 @@ from warcore.cli._common import (
 )
 from warcore.cli.bench import BENCH
 from warcore.cli.plugins import CHECK, MATRIX, PLUGINS
+from warcore.cli.release import RELEASE
 from warcore.cli.run import RUN
 from warcore.cli.sanitize import SANITIZE
 from warcore.cli.soak import SOAK
@@ -53,14 +55,16 @@ from warcore.core import PluginLoadError
 __all__ = [
     "EXIT_BROKEN_PIPE",
     "Command",
+    "JsonOutput",
     "Limit",
     "UsageError",
     "check_writable",
     "main",
     "write_output",
 ]
-"""``Limit``, ``check_writable``, ``write_output`` and ``UsageError`` are also for plugins'
-own commands (``python -m warcore_sglang.bench``...): the same number and output rules."""
+"""``Limit``, ``JsonOutput``, ``check_writable``, ``write_output`` and ``UsageError`` are also
+for plugins' own commands (``python -m warcore_sglang.serving.bench``...): the same number and
+output rules."""
 
 _COMMANDS: dict[str, Command] = {
     "plugins": PLUGINS,
@@ -70,6 +74,7 @@ _COMMANDS: dict[str, Command] = {
     "run": RUN,
     "sanitize": SANITIZE,
     "soak": SOAK,
+    "release": RELEASE,
 }
 
 

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -349,3 +350,29 @@ def write_output(option: str, path: str | os.PathLike[str], text: str) -> None:
     :class:`UsageError` naming both (for plugins' commands too: :mod:`warcore.cli` exports it)."""
     with writing(option, path):
         write_text(path, text)
+
+
+class JsonOutput:
+    """A plugin command's ``--json FILE``: tried before anything is measured (a folder, a
+    full disk: one line, exit 2, never after minutes of work), written whole at the end."""
+
+    def __init__(
+        self, parser: argparse.ArgumentParser, path: str | os.PathLike[str] | None
+    ) -> None:
+        self.parser, self.path = parser, path
+        if path:
+            try:
+                check_writable("--json", path, make_parents=True)
+            except UsageError as exc:
+                parser.error(str(exc))
+
+    def write(self, doc: object) -> int:
+        """0, or one line naming the file and 2."""
+        if not self.path:
+            return 0
+        try:
+            write_output("--json", self.path, json.dumps(doc, indent=2) + "\n")
+        except UsageError as exc:
+            print(f"{self.parser.prog}: {exc}", file=sys.stderr)
+            return 2
+        return 0

@@ -25,6 +25,7 @@ from warcore.cli._common import (
     print_table,
 )
 from warcore.core import ForwardMode, PluginInfo, RecordPoint, StepFacts, WarcorePluginManager
+from warcore.integration.releases import load_engines, release_in_force
 
 __all__ = ["CHECK", "MATRIX", "PLUGINS"]
 
@@ -278,13 +279,11 @@ def _run_check(args: argparse.Namespace) -> int:
         # Informational: a backend that models another engine's (BackendSpec.models) and
         # declares differently. Printed after the problems; never changes the exit status.
         notes = find_notes(pm)
-        # Informational too: each algorithm's prefill staging hook's answer (sglang #38554).
+        # Informational too: each algorithm's prefill staging hook's answer (sglang #38554),
+        # and each engine integration's release in force.
         staging = staging_lines(pm)
-    for problem in problems:
-        print(problem)
-    for note in notes:
-        print(note)
-    for line in staging:
+        engines = [release_in_force(e) for e in load_engines()[0].values()]
+    for line in (*problems, *notes, *staging, *sorted(engines)):
         print(line)
     if not problems:
         print("ok")
@@ -299,8 +298,9 @@ MATRIX = Command(
 )
 CHECK = Command(
     "exit 1 with one line per problem (failed plugins, conflicts, unknown names); 'note:' "
-    "lines (a backend declaring differently from the one it models) and 'staging:' lines "
-    "(each algorithm's prefill staging hook) never fail it",
+    "lines (a backend declaring differently from the one it models), 'staging:' lines "
+    "(each algorithm's prefill staging hook) and 'engine:' lines (each engine integration's "
+    "installed release, audited or not) never fail it",
     _configure_check,
     _run_check,
 )

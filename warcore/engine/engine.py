@@ -122,11 +122,37 @@ class Engine:
     ) -> None:
         self.config = cfg = config or EngineConfig()
         self.pm = pm if pm is not None else get_plugin_manager()
+        algorithm = self._resolve(cfg)
+        self.device = device if isinstance(device, Device) else get_device(device)
+        self._build_model(cfg)
+        self.target = self._group(
+            "target",
+            self.model,
+            self.pool,
+            self.backend_spec.factory,
+            {
+                ForwardMode.TARGET_VERIFY if self.num_draft else ForwardMode.DECODE: self.num_draft
+                + 1
+            },
+        )
+        self.runner = self.target.runner
+        self.step_worker = self._step_worker(algorithm, self.backend_spec.factory)
+        self.worker: Worker = self.step_worker
+        """What the loop launches: the step worker, or an audit tool's wrapper around it."""
+        self._init_run_state(cfg)
+        self._build_rings()
+        # Capture's warm-up forwards are queued on the forward stream: finish them here, so a
+        # run's time is the run's, and a fault during capture surfaces at construction.
+        self.device.synchronize()
+
+    def _resolve(self, cfg: EngineConfig) -> AlgorithmSpec:
+        """The configuration against the registry: the algorithm, the backend, the flags (only
+        declared ones, each of its kind: a misspelt flag would read as its default), the step;
+        an algorithm the reference engine cannot run, or a speculation it has no room for, is
+        refused naming it."""
         registry = get_registry(self.pm)
         algorithm = registry.algorithm(cfg.algorithm)  # unknown names list the valid ones
-        backend_spec = registry.backend(cfg.backend)
-        self.backend_spec = backend_spec
-        # Only declared flags, each of its kind: a misspelt flag would read as its default.
+        self.backend_spec = registry.backend(cfg.backend)
         self.flags = registry.check_flags(cfg.flags)
         self.family = algorithm.family
         problem = engine_problem(algorithm)
@@ -142,27 +168,23 @@ class Engine:
         self.step: StepSpec = step
         """The algorithm's step, as the worker runs it."""
         self.num_draft = cfg.num_draft if step.speculative else 0
-        self.device = device if isinstance(device, Device) else get_device(device)
-        tdev = self.device.torch_device
-        sc = cfg.scheduler
         self.context = BoundaryContext(cfg.algorithm, self.flags)
+        return algorithm
+
+    def _build_model(self, cfg: EngineConfig) -> None:
+        """The model, the KV pool and its tables, the rows, the two streams."""
+        tdev = self.device.torch_device
         self.capacity = cfg.token_capacity
         self.model = TinyLlama(cfg.model, tdev)
-        self.pool = KVPool(cfg.model, tdev, max_reqs=sc.max_running + 1, num_slots=cfg.num_slots)
+        max_reqs = cfg.scheduler.max_running + 1
+        self.pool = KVPool(cfg.model, tdev, max_reqs=max_reqs, num_slots=cfg.num_slots)
         self.rows = RowState(
             tdev, self.pool.max_reqs, cfg.model.hidden, cfg.model.dtype, self.num_draft
         )
         self.forward_stream = self.device.new_stream("forward")
         self.schedule_stream = self.device.new_stream("schedule")
-        width = self.num_draft + 1
-        target_mode = ForwardMode.TARGET_VERIFY if self.num_draft else ForwardMode.DECODE
-        self.target = self._group(
-            "target", self.model, self.pool, backend_spec.factory, {target_mode: width}
-        )
-        self.runner = self.target.runner
-        self.step_worker = self._step_worker(algorithm, backend_spec.factory)
-        self.worker: Worker = self.step_worker
-        """What the loop launches: the step worker, or an audit tool's wrapper around it."""
+
+    def _init_run_state(self, cfg: EngineConfig) -> None:
         self.barriers: Counter[str] = Counter()
         self.bindings: list[WaitBinding] = []
         """Every wait on a read-done event in the run (the barrier's, the copy consumer's):
@@ -182,13 +204,9 @@ class Engine:
         self._deferred: tuple[Event, ForwardId | None] | None = None
         self._launches = 0
         self._observer: EngineObserver = _NO_OBSERVER
-        self._build_rings()
         self.failure: DeviceError | None = None
         self._scheduler: Scheduler | None = None
         """The scheduler of the run in progress (the rows it released, for the drafter)."""
-        # Capture's warm-up forwards are queued on the forward stream: finish them here, so a
-        # run's time is the run's, and a fault during capture surfaces at construction.
-        self.device.synchronize()
 
     def _build_rings(self) -> None:
         """Give each runner a ring as deep as the records it can have in flight: the barrier

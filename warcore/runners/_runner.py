@@ -213,6 +213,12 @@ class ModelRunner:
         publish only when the algorithm's publish phase is ``DECODE`` (never for EAGLE)."""
         self.max_bs = max_bs
         self.capacity = capacity
+        self._init_publishing(device, name)
+        self._init_outputs(device, model, capacity, max_bs)
+        self._init_host_staging(device, backend, staging, host_reads)
+        self._init_stager()
+
+    def _init_publishing(self, device: Device, name: str) -> None:
         self.mailbox = ReadDoneMailbox()
         self.ring = EventRing(device, 1, f"runner {name!r}")
         """Where :meth:`publish` draws its read-done events from; the engine replaces it with
@@ -222,25 +228,38 @@ class ModelRunner:
         """The engine's step this runner's next forwards belong to (their records carry it)."""
         self.forward: ForwardId | None = None
         """The forward in progress (its records carry this id)."""
-        tdev = device.torch_device
-        cfg = model.cfg
-        self.out_tokens = torch.zeros(capacity, dtype=torch.int64, device=tdev)
-        self.hidden_out = torch.zeros(capacity, cfg.hidden, dtype=cfg.dtype, device=tdev)
-        self.sample_index = torch.zeros(max_bs, dtype=torch.int64, device=tdev)
-        self._query_pos = torch.arange(capacity, device=tdev)
         self.published: Counter[tuple[ForwardMode, RecordPoint]] = Counter()
         self.on_forward: Callable[[str, ForwardMode, RecordPoint], None] | None = None
         """Called at each emit (the engine's observer); ``None`` costs nothing."""
         self.probe: ForwardProbe | None = None
         """An audit tool's hooks at the forward's phases (sanitizer, read tracer); set it
         through :meth:`RunnerGroup.set_probe`, which also captures the probe graphs."""
+
+    def _init_outputs(self, device: Device, model: Model, capacity: int, max_bs: int) -> None:
+        tdev = device.torch_device
+        cfg = model.cfg
+        self.out_tokens = torch.zeros(capacity, dtype=torch.int64, device=tdev)
+        self.hidden_out = torch.zeros(capacity, cfg.hidden, dtype=cfg.dtype, device=tdev)
+        self.sample_index = torch.zeros(max_bs, dtype=torch.int64, device=tdev)
+        self._query_pos = torch.arange(capacity, device=tdev)
         self._act = _Activations()
-        self.staging = staging or HostStaging(max_bs, capacity, 2, pin=device.name == "cuda")
+
+    def _init_host_staging(
+        self,
+        device: Device,
+        backend: AttentionBackend,
+        staging: HostStaging | None,
+        host_reads: Mapping[ForwardMode, SharedReadBoundary] | None,
+    ) -> None:
+        pin = device.name == "cuda"
+        self.staging = staging or HostStaging(self.max_bs, self.capacity, 2, pin=pin)
         self.staged: StagedInputs | None = None
         """The slot of the forward being launched (set by ``load_batch``)."""
         self.host_reads = dict(backend.host_read_items() if host_reads is None else host_reads)
         self._host_release = RecordPoint.NONE
         self._host_releases: dict[tuple[ForwardMode, RecordPoint], RecordPoint] = {}
+
+    def _init_stager(self) -> None:
         self.prefill_shared_read_stager: Callable[[ForwardBatch], bool] | None = None
         """sglang #38554's hook: the algorithm's per-batch stager of the step's later shared
         reads, called by this runner's prefill before it records (the engine sets it on the

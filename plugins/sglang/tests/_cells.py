@@ -1,8 +1,9 @@
-"""Every decision cell the activation answers on sglang 0.5.23's real classes, as a table.
+"""Every decision cell the activation answers on the installed sglang's real classes, as a table.
 
 One row per (patched point, backend, algorithm, mode, ...): the decode runner's
 ``_resolve_shared_read_ends`` (with and without a planted in-graph event), each backend's
-``shared_read_ends``, the prefill resolver (snapshot path and static path), each algorithm's
+``shared_read_ends``, the release's prefill decision (0.5.23's resolver, snapshot path and
+static path; 0.5.21's and 0.5.22's publisher), each algorithm's
 prefill gate, and each worker's ``last_shared_read_runner`` for every fact combination. The
 objects are built here by hand (:mod:`_real`), independently of warcore-sglang's oracle.
 
@@ -15,6 +16,7 @@ before/after table of the bound-never-replace change was made with it
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _real import (  # noqa: E402
+    A,
     algorithm,
     bare,
     dots_swa_mla,
@@ -31,6 +34,7 @@ from _real import (  # noqa: E402
     hybrid_linear,
     leaf,
     minimax_hybrid,
+    prefill,
     tbo,
 )
 
@@ -45,7 +49,7 @@ ALGORITHMS = (
     "sglang_uno",
     "sglang_ngram",
 )
-"""Every ``SpeculativeAlgorithm`` member of sglang 0.5.23, by warcore name."""
+"""Every ``SpeculativeAlgorithm`` member of the audited sglang releases, by warcore name."""
 
 
 def backends(algo: Any) -> dict[str, Any]:
@@ -54,7 +58,8 @@ def backends(algo: Any) -> dict[str, Any]:
         name: leaf(name, algo)
         for name in ("base", "trtllm_mha", "dsv4", "triton", "flashinfer", "mamba2")
     }
-    out["minimax_sparse_nvfp4"] = leaf("minimax_sparse_nvfp4", algo)
+    if importlib.util.find_spec(A + "minimax_sparse_nvfp4_backend") is not None:  # 0.5.23 only
+        out["minimax_sparse_nvfp4"] = leaf("minimax_sparse_nvfp4", algo)
     out["hybrid(trtllm_mha,dsv4)"] = hybrid(leaf("trtllm_mha", algo), leaf("dsv4", algo), False)
     out["hybrid(trtllm_mha,dsv4,verify-on-decode)"] = hybrid(
         leaf("trtllm_mha", algo), leaf("dsv4", algo), True
@@ -148,13 +153,9 @@ def cells() -> dict[str, str]:
                     out[f"decode(planted={planted})\t{key}"] = _answer(
                         runner._resolve_shared_read_ends, backend, mode
                     )
-            fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND)
-            for snapshot in (True, False):
+            for snapshot in (True, False):  # the release's own prefill decision point
                 out[f"prefill(snapshot={snapshot})\t{label}\t{name}\tEXTEND"] = _answer(
-                    backend.resolve_prefill_shared_read_ends,
-                    fb,
-                    num_qo_tokens=8,
-                    build_snapshot=snapshot,
+                    prefill, backend, snapshot=snapshot
                 )
     for name, klass_name, klass, has_draft, staged in worker_cases():
         key = f"owner\t{klass_name}\t{name}\tdraft={has_draft}\tstaged={staged}"

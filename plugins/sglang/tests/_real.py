@@ -86,6 +86,38 @@ def minimax_hybrid(dense: Any, algo: Any) -> Any:
     )
 
 
+class _Event:
+    def record(self) -> None:
+        pass
+
+
+def prefill(backend: Any, mode: Any = None, *, snapshot: bool = True) -> Any:
+    """The installed release's own prefill decision, asked for one batch of ``backend`` (patched
+    or not): where sglang has ``AttentionBackend.resolve_prefill_shared_read_ends`` (0.5.23),
+    its answer; else (0.5.21, 0.5.22) its publisher ``maybe_publish_prefill_shared_read_done``,
+    called through the name its eager runner bound: ``PRE_REPLAY`` where it published an event,
+    else ``UNKNOWN``. ``mode``: EXTEND unless given; ``backend.model_runner.spec_algorithm``
+    is the algorithm."""
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, SharedReadEnds
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND if mode is None else mode)
+    if hasattr(AttentionBackend, "resolve_prefill_shared_read_ends"):
+        return backend.resolve_prefill_shared_read_ends(
+            batch, num_qo_tokens=8, build_snapshot=snapshot
+        )
+    eager = importlib.import_module("sglang.srt.model_executor.runner.eager_runner")
+    runner = SimpleNamespace(
+        attn_backend=backend,
+        spec_algorithm=backend.model_runner.spec_algorithm,
+        shared_read_done_event=None,
+        prefill_shared_read_stager=None,
+    )
+    eager.maybe_publish_prefill_shared_read_done(runner, batch, SimpleNamespace(Event=_Event))
+    published = runner.shared_read_done_event is not None
+    return SharedReadEnds.PRE_REPLAY if published else SharedReadEnds.UNKNOWN
+
+
 def warcore_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """The ``warcore`` console script of this environment, in a subprocess (stand-ins through
     the PYTHONPATH conftest.py sets)."""

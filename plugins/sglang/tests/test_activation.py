@@ -9,6 +9,8 @@ manager, the one the activation consults.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -19,7 +21,8 @@ from typing import Any
 
 import pytest
 import warcore_sglang
-from _real import A, algorithm, bare, cls, hybrid, leaf
+from _real import A, algorithm, bare, cls, hybrid, leaf, prefill
+from _release import RELEASE
 
 import warcore
 from warcore import Declared, SharedReadBoundary
@@ -79,7 +82,6 @@ def _patched_points() -> list[tuple[Any, str]]:
     points = [
         (DecodeCudaGraphRunner, "_resolve_shared_read_ends"),
         (base, "shared_read_ends"),
-        (base, "resolve_prefill_shared_read_ends"),
         (SpeculativeAlgorithm, "supports_prefill_shared_read_done"),
         (CustomSpecAlgo, "supports_prefill_shared_read_done"),
         (BaseTpWorker, "last_shared_read_runner"),
@@ -95,9 +97,20 @@ def _patched_points() -> list[tuple[Any, str]]:
         "hybrid_linear_attn_backend.HybridLinearAttnBackend",
         "dots_hybrid_backend.DotsSWAMLAAttnBackend",
         "minimax_sparse_backend.MiniMaxHybridAttnBackend",
-        "minimax_sparse_nvfp4_backend.MiniMaxSparseNvfp4AttnBackend",
+        "minimax_sparse_nvfp4_backend.MiniMaxSparseNvfp4AttnBackend",  # 0.5.23 only
     ):
-        points.append((cls(A + path), "shared_read_ends"))
+        if importlib.util.find_spec(A + path.rpartition(".")[0]) is not None:
+            points.append((cls(A + path), "shared_read_ends"))
+    # where the release decides a prefill: 0.5.23's resolver, else the publisher everywhere a
+    # module binds it by name
+    if "resolve_prefill_shared_read_ends" in vars(base):
+        return [*points, (base, "resolve_prefill_shared_read_ends")]
+    for module in (
+        "sglang.srt.model_executor.runner_utils.shared_read_event",
+        "sglang.srt.model_executor.runner_utils",
+        "sglang.srt.model_executor.runner.eager_runner",
+    ):
+        points.append((importlib.import_module(module), "maybe_publish_prefill_shared_read_done"))
     return points
 
 
@@ -141,9 +154,9 @@ def test_third_party_declaring_dsv4_decode_post_replay_moves_sglangs_decision(
     }
     installed.unregister(name="late")
     assert runner._resolve_shared_read_ends(dsv4, sgl.mode.DECODE) is sgl.ends.IN_REPLAY
-    assert "_warcore_sglang_sre" in vars(dsv4)  # the per-instance cache ...
+    assert "_warcore_sglang" in vars(dsv4)  # the per-instance cache ...
     warcore_sglang.uninstall()
-    assert "_warcore_sglang_sre" not in vars(dsv4)  # ... is taken off again
+    assert "_warcore_sglang" not in vars(dsv4)  # ... is taken off again
 
 
 class _Capturing:
@@ -252,12 +265,14 @@ def test_a_stale_range_declaration_is_not_applied(installed: Any) -> None:
     assert any(p.startswith("stale declaration: plugin 'stale'") for p in find_problems(installed))
 
 
-@pytest.mark.parametrize("version", ["0.5.22", "0.5.23.post1", "0.5.23.1", "0.5.23+g1234abc"])
+@pytest.mark.parametrize(
+    "version", ["0.5.20", "0.5.24", "0.5.23.post1", "0.5.23.1", "0.5.23+g1234abc", "0.5.22.0"]
+)
 def test_install_refuses_every_version_but_the_audited_ones_exactly(
     pm: Any, monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
-    from warcore_sglang import _sglang
     from warcore_sglang.activation import UnsupportedSglangError
+    from warcore_sglang.declarations import oracle as _sglang
 
     points = _patched_points()
     before = {(owner, attr): vars(owner)[attr] for owner, attr in points}
@@ -265,7 +280,8 @@ def test_install_refuses_every_version_but_the_audited_ones_exactly(
     with pytest.raises(UnsupportedSglangError) as info:
         warcore_sglang.install()
     message = str(info.value)
-    assert f"sglang {version} at " in message and "audited: 0.5.23, exactly" in message
+    assert f"sglang {version} at " in message
+    assert "audited: 0.5.22, 0.5.23, exactly" in message
     assert "sglang's own barrier decisions apply" in message
     assert not warcore_sglang.is_installed()
     assert all(vars(o)[a] is before[(o, a)] for o, a in points)
@@ -290,22 +306,20 @@ def test_force_coarse_and_vetoes_act_on_the_real_runner(installed: Any) -> None:
     assert trt.shared_read_ends(sgl.mode.EXTEND) is sgl.ends.PRE_REPLAY  # not vetoed
 
 
-def test_the_prefill_gate_follows_warcore(installed: Any) -> None:
+def test_the_prefill_gate_follows_warcore(installed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     sgl = _sgl()
-    fb = SimpleNamespace(forward_mode=sgl.mode.EXTEND)
+    monkeypatch.setenv("SGLANG_ENABLE_PREFILL_WAR_READ_DONE", "1")  # 0.5.21/0.5.22: off
     for name, publishes in (("none", True), ("sglang_eagle", False), ("sglang_dspark", True)):
         trt = leaf("trtllm_mha", algorithm(name))
         want = sgl.ends.PRE_REPLAY if publishes else sgl.ends.UNKNOWN
         for snapshot in (False, True):
-            got = trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8, build_snapshot=snapshot)
-            assert got is want, (name, snapshot)
+            assert prefill(trt, snapshot=snapshot) is want, (name, snapshot)
         assert algorithm(name).supports_prefill_shared_read_done() is publishes
     # Not EXTEND: UNKNOWN, as sglang.
-    mixed = SimpleNamespace(forward_mode=sgl.mode.MIXED)
     trt = leaf("trtllm_mha", algorithm("none"))
-    assert trt.resolve_prefill_shared_read_ends(mixed, num_qo_tokens=8) is sgl.ends.UNKNOWN
+    assert prefill(trt, sgl.mode.MIXED) is sgl.ends.UNKNOWN
 
     class VetoPrefill:
         @warcore.hookimpl
@@ -313,7 +327,7 @@ def test_the_prefill_gate_follows_warcore(installed: Any) -> None:
             return "test offload" if forward_mode is W.EXTEND else None
 
     installed.register(VetoPrefill(), "veto")
-    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.UNKNOWN
+    assert prefill(trt) is sgl.ends.UNKNOWN
     installed.unregister(name="veto")
 
     class NonePrefillOff:  # a plugin that says 'none' must not publish its prefill
@@ -322,19 +336,20 @@ def test_the_prefill_gate_follows_warcore(installed: Any) -> None:
             return False if (algorithm, forward_mode) == ("none", W.EXTEND) else None
 
     installed.register(NonePrefillOff(), "off")
-    assert SpeculativeAlgorithm.NONE.supports_prefill_shared_read_done() is False
-    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.UNKNOWN
+    if hasattr(SpeculativeAlgorithm, "supports_prefill_shared_read_done"):
+        assert SpeculativeAlgorithm.NONE.supports_prefill_shared_read_done() is False
+    assert prefill(trt) is sgl.ends.UNKNOWN
 
 
 def test_sglangs_own_switches_still_apply_to_prefill(
     installed: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sgl = _sgl()
-    fb = SimpleNamespace(forward_mode=sgl.mode.EXTEND)
     trt = leaf("trtllm_mha", algorithm("none"))
-    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.PRE_REPLAY
+    monkeypatch.setenv("SGLANG_ENABLE_PREFILL_WAR_READ_DONE", "1")
+    assert prefill(trt) is sgl.ends.PRE_REPLAY
     monkeypatch.setenv("SGLANG_ENABLE_PREFILL_WAR_READ_DONE", "0")
-    assert trt.resolve_prefill_shared_read_ends(fb, num_qo_tokens=8) is sgl.ends.UNKNOWN
+    assert prefill(trt) is sgl.ends.UNKNOWN
 
 
 def test_the_event_owner_follows_warcore(installed: Any) -> None:
@@ -354,12 +369,34 @@ def test_the_event_owner_follows_warcore(installed: Any) -> None:
             _draft_worker=drafter if with_draft else None,
         )
 
-    assert worker(EAGLEWorkerV2).last_shared_read_runner is draft
+    def owned_by_the_draft(runner: Any) -> bool:
+        """The draft runner, or (where the release's draft runner publishes undeclared,
+        0.5.21) a coarse barrier: never the target's event."""
+        if "draft" not in RELEASE.unbounded_owners:
+            return runner is draft
+        return runner is not target and runner.shared_read_done_event is None
+
+    assert owned_by_the_draft(worker(EAGLEWorkerV2).last_shared_read_runner)
     assert worker(EAGLEWorkerV2, with_draft=False).last_shared_read_runner is target
-    assert worker(MultiLayerEagleWorkerV2).last_shared_read_runner is draft
+    assert owned_by_the_draft(worker(MultiLayerEagleWorkerV2).last_shared_read_runner)
     assert worker(MultiLayerEagleWorkerV2, staged=True).last_shared_read_runner is target
     plain_runner = SimpleNamespace(spec_algorithm=algorithm("none"), shared_read_done_event=None)
-    assert bare(TpModelWorker, _model_runner=plain_runner).last_shared_read_runner is plain_runner
+    plain = bare(TpModelWorker, _model_runner=plain_runner)
+    assert plain.last_shared_read_runner is plain_runner
+    assert plain.last_shared_read_runner is plain_runner  # the remembered answer
+
+    class DraftOwns:  # a worker without a drafter: no such runner, no owner
+        @warcore.hookimpl
+        def warcore_step_event_owner(self, algorithm: str, facts: Any) -> str | None:
+            return "draft"
+
+    installed.register(DraftOwns(), "draft-owns")
+    plain_runner.shared_read_done_event = "stale"
+    runner = plain.last_shared_read_runner  # the remembered answer went with the plugin set
+    assert runner is not plain_runner and runner.shared_read_done_event is None
+    assert plain_runner.shared_read_done_event is None
+    installed.unregister(name="draft-owns")
+    assert plain.last_shared_read_runner is plain_runner
 
     class TargetOwns:  # disagrees with sglang's EAGLE worker: no owner, coarse barrier
         @warcore.hookimpl
@@ -372,7 +409,8 @@ def test_the_event_owner_follows_warcore(installed: Any) -> None:
     assert runner.shared_read_done_event is None
     assert target.shared_read_done_event is None and draft.shared_read_done_event is None
     installed.unregister(name="owner")
-    assert worker(EAGLEWorkerV2).last_shared_read_runner is draft
+    draft.shared_read_done_event = "d"
+    assert owned_by_the_draft(worker(EAGLEWorkerV2).last_shared_read_runner)
 
 
 def test_a_backend_class_defined_after_install_is_patched_and_restored(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
@@ -24,9 +23,11 @@ from typing import Any
 import pytest
 import warcore_sglang
 from _real import A, algorithm, bare, cls, leaf
-from warcore_sglang import sanitize, trace
-from warcore_sglang._prefill_switch import OPT_IN, OPT_OUT
-from warcore_sglang.activation import UnsupportedSglangError, _lifecycle, _shape
+from _release import RELEASE, VERSION, open_gate, replace_release, resolver_only
+from warcore_sglang.activation import UnsupportedSglangError, checkpoint
+from warcore_sglang.audit import sanitize, trace
+from warcore_sglang.declarations import oracle
+from warcore_sglang.settings import OPT_IN, OPT_OUT
 
 B = A + "base_attn_backend."
 
@@ -48,7 +49,7 @@ def _refused(check: str) -> None:
         warcore_sglang.install()
     message = str(info.value)
     assert check in message, message
-    assert "differs from the audited 0.5.23" in message and "sglang's own barrier" in message
+    assert f"differs from the audited {VERSION}" in message and "sglang's own barrier" in message
     assert not warcore_sglang.is_installed()
     assert dict(vars(base)) == before
 
@@ -70,8 +71,7 @@ def _forget(pm: Any) -> None:
 def _open_gate(monkeypatch: pytest.MonkeyPatch, pm: Any) -> None:
     """An sglang whose drift the gate does not see: every check passes whatever the code. The
     answers warcore cached of the code as it was are forgotten (a plugin set change)."""
-    monkeypatch.setattr(_shape, "check_audited", lambda *args, **kwargs: None)
-    monkeypatch.setattr(_shape, "MODULE_CHECKS", {})
+    open_gate(monkeypatch)
     _forget(pm)
 
 
@@ -111,6 +111,7 @@ def _main_resolver(original: Callable[..., Any]) -> Callable[..., Any]:
     return resolve_prefill_shared_read_ends
 
 
+@resolver_only
 def test_a_resolver_with_a_new_keyword_is_refused_or_bounded(
     monkeypatch: pytest.MonkeyPatch, pm: Any
 ) -> None:
@@ -162,6 +163,7 @@ def _opt_out_resolver(
     return self.shared_read_ends(forward_batch.forward_mode)
 
 
+@resolver_only
 def test_the_opt_in_removed_and_the_opt_out_added_is_refused_or_bounded(
     monkeypatch: pytest.MonkeyPatch, pm: Any
 ) -> None:
@@ -170,7 +172,7 @@ def test_the_opt_in_removed_and_the_opt_out_added_is_refused_or_bounded(
     _opt_out_field(monkeypatch)
     base = sgl.base.AttentionBackend
     monkeypatch.setattr(base, "resolve_prefill_shared_read_ends", _opt_out_resolver)
-    _refused(f"environment variables: sglang's envs lacks {OPT_IN}")
+    _refused(f"envs attributes: envs lacks {OPT_IN}")
 
     _open_gate(monkeypatch, pm)
     warcore_sglang.install()  # the default setting: 0.5.23's switch, which is gone
@@ -260,7 +262,7 @@ def test_a_new_shared_read_ends_member_is_refused_or_bounded(
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
     sgl = _sgl()
-    warcore_sglang._sglang.api()  # warcore-sglang's view of sglang, taken before the change
+    oracle.api()  # warcore-sglang's view of sglang, taken before the change
     backends(algorithm("none"))  # every backend module imported with sglang's own enum
     monkeypatch.setattr(sgl.base, "SharedReadEnds", _FiveEnds)
     _refused("SharedReadEnds members")
@@ -410,14 +412,14 @@ def test_a_watched_module_that_moved_is_named_and_takes_the_activation_off(
     monkeypatch: pytest.MonkeyPatch, pm: Any
 ) -> None:
     moved = "sglang.srt.managers.war_barrier"  # a module this sglang does not have
-    monkeypatch.setitem(_lifecycle._WATCH, moved, _lifecycle._gate)
+    replace_release(monkeypatch, watched={**RELEASE.watched, moved: "check"})
     told: list[str | None] = []
     base = cls(B + "AttentionBackend")
     original = vars(base)["shared_read_ends"]
     warcore_sglang.install(on_settled=told.append)
     assert told == [] and warcore_sglang.is_installed()  # not settled: one module pending
     assert vars(base)["shared_read_ends"] is not original
-    _lifecycle.checkpoint()  # the end of Scheduler.__init__
+    checkpoint()  # the end of Scheduler.__init__
     assert not warcore_sglang.is_installed()
     assert vars(base)["shared_read_ends"] is original  # everything put back
     assert len(told) == 1 and told[0] is not None
@@ -431,7 +433,7 @@ def test_a_class_defined_later_that_fails_its_check_takes_the_activation_off(
 
     told: list[str | None] = []
     warcore_sglang.install(on_settled=told.append)
-    _lifecycle.checkpoint()
+    checkpoint()
     assert told == [None] and warcore_sglang.is_installed()  # settled: active
     with caplog.at_level(logging.ERROR, logger="warcore.sglang"):
 
@@ -463,14 +465,14 @@ def test_warcore_owner_equals_sglangs_on_live_shaped_workers_for_every_algorithm
     for name, _, klass, has_draft, staged in worker_cases():
         algo = algorithm(name)
         worker, target, draft = live_worker(klass, algo, has_draft, staged)
-        with warcore_sglang._sglang.in_tree():
+        with warcore_sglang.declarations.oracle.in_tree():
             try:
                 own = worker.last_shared_read_runner  # sglang's own property
             except AttributeError:
                 continue  # multi-layer EAGLE always has a draft worker in sglang
         ours = _owner._warcore_runner(worker, own)
         assert ours is own, (name, klass.__qualname__, has_draft, staged)
-        assert worker.last_shared_read_runner is own  # the patched property: the same runner
+        assert worker.last_shared_read_runner is own  # the patched property: the same
         seen.add(name)
     assert seen == {
         "none",
@@ -481,30 +483,3 @@ def test_warcore_owner_equals_sglangs_on_live_shaped_workers_for_every_algorithm
         "sglang_dflash",
         "sglang_dspark",
     }
-
-
-def test_active_is_said_only_after_every_watched_module_was_checked(
-    monkeypatch: pytest.MonkeyPatch, pm: Any, tmp_path: Path
-) -> None:
-    """A watched module that imports another while it executes: the hook's list has dropped
-    both before the first one's check runs; "active" must wait for that check."""
-    (tmp_path / "wctest_outer.py").write_text("import wctest_inner\n")
-    (tmp_path / "wctest_inner.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    order: list[str] = []
-    told: list[str | None] = []
-
-    def check(module: Any) -> None:
-        order.append(f"checked {module.__name__}")
-
-    monkeypatch.setattr(_lifecycle, "_WATCH", {"wctest_outer": check, "wctest_inner": check})
-    warcore_sglang.install(on_settled=lambda reason: (told.append(reason), order.append("told")))
-    try:
-        import wctest_outer  # noqa: F401
-
-        assert order == ["checked wctest_inner", "checked wctest_outer", "told"], order
-        assert told == [None]
-    finally:
-        warcore_sglang.uninstall()
-        for name in ("wctest_outer", "wctest_inner"):
-            sys.modules.pop(name, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import warcore_sglang.plugin
-from warcore_sglang._names import LEAVES, REGISTRY_CLASSES, SRT, WRAPPERS
+import warcore_sglang.declarations.plugin
+from _release import RELEASE
+from warcore_sglang.declarations.names import LEAVES, SRT, WRAPPERS
 
 import warcore
 from warcore import BoundaryContext, ForwardMode, StepFacts
@@ -52,8 +54,8 @@ def test_every_registry_name_has_its_class_and_its_factory_builds_it() -> None:
     builder it calls) names that class, and the table covers sglang's whole registry."""
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-    assert set(ATTENTION_BACKENDS) == set(REGISTRY_CLASSES), "sglang's registry changed"
-    for name, ref in REGISTRY_CLASSES.items():
+    assert set(ATTENTION_BACKENDS) == set(RELEASE.registry), "sglang's registry changed"
+    for name, ref in RELEASE.registry.items():
         cls_name = ref.partition(":")[2]
         assert any(cls_name in s for s in _sources(ATTENTION_BACKENDS[name])), (name, cls_name)
 
@@ -65,6 +67,9 @@ def test_wrapper_and_leaf_classes_exist_and_wrappers_declare() -> None:
         assert "shared_read_ends" in vars(klass), name
     for name, ref in LEAVES.items():
         module, _, cls_name = ref.partition(":")
+        if name in RELEASE.leaves_missing:
+            assert importlib.util.find_spec(SRT + module) is None, name  # gone, as said
+            continue
         assert getattr(importlib.import_module(SRT + module), cls_name), name
 
 
@@ -88,7 +93,7 @@ def custom_algorithm() -> Iterator[str]:
 
 def test_custom_algorithms_from_spec_registry(custom_algorithm: str) -> None:
     pm = WarcorePluginManager()
-    pm.register(warcore_sglang.plugin, name="sglang")
+    pm.register(warcore_sglang.declarations.plugin, name="sglang")
     spec = get_registry(pm).algorithm(custom_algorithm)
     assert spec.engine == "sglang"
     # CustomSpecAlgo.supports_prefill_shared_read_done() is False: its prefill never publishes.
@@ -103,7 +108,7 @@ def test_custom_algorithms_from_spec_registry(custom_algorithm: str) -> None:
 
 def test_the_reference_engines_names_are_left_alone() -> None:
     pm = WarcorePluginManager()
-    pm.register(warcore_sglang.plugin, name="sglang")
+    pm.register(warcore_sglang.declarations.plugin, name="sglang")
     for backend in ("torch_native", "trtllm_mha", "deepseek_v4"):
         for mode in ForwardMode:
             impls = pm.hook.warcore_shared_read_boundary.get_hookimpls()
@@ -112,8 +117,9 @@ def test_the_reference_engines_names_are_left_alone() -> None:
                 plugin.function(backend=backend, forward_mode=mode, context=BoundaryContext())
                 is None
             )
-    assert warcore_sglang.plugin.warcore_is_war_publish_phase("eagle", ForwardMode.EXTEND) is None
-    assert warcore_sglang.plugin.warcore_step_event_owner("dflash", StepFacts()) is None
+    plugin = warcore_sglang.declarations.plugin
+    assert plugin.warcore_is_war_publish_phase("eagle", ForwardMode.EXTEND) is None
+    assert plugin.warcore_step_event_owner("dflash", StepFacts()) is None
     registry = get_registry(pm)
     assert all(
         n.startswith("sglang_") for n, o in registry.backends.items() if o.plugin == "sglang"
@@ -124,7 +130,8 @@ def test_the_reference_engines_names_are_left_alone() -> None:
 
 def test_importing_the_plugin_imports_no_sglang() -> None:
     code = (
-        "import sys, warcore_sglang, warcore_sglang.plugin, warcore_sglang.activation; "
+        "import sys, warcore_sglang, warcore_sglang.declarations.plugin, "
+        "warcore_sglang.activation; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch')); "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -132,9 +139,10 @@ def test_importing_the_plugin_imports_no_sglang() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.any_release  # the command's own working, on whichever release
 def test_the_launcher_runs_sglangs_launch_server_with_the_variable_set() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "warcore_sglang.launch_server", "--help"],
+        [sys.executable, "-m", "warcore_sglang.serving.launch_server", "--help"],
         capture_output=True,
         text=True,
         env=dict(os.environ),
@@ -144,13 +152,14 @@ def test_the_launcher_runs_sglangs_launch_server_with_the_variable_set() -> None
     assert "--model-path" in done.stdout
 
 
+@pytest.mark.any_release  # the command's own working, on whichever release
 def test_the_benchmark_reports_both_and_their_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "warcore_sglang.bench",
+            "warcore_sglang.serving.bench",
             "--calls",
             "2000",
             "--repeat",

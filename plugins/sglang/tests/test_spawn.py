@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 from _spawn_child import WATCHED, child
 
+# the spawn mechanism; an older release's own processes are its real Engine's (tests/release)
+pytestmark = pytest.mark.any_release
+
 
 def _spawn(tmp_path: Path) -> dict[str, Any]:
     out = tmp_path / "child.json"

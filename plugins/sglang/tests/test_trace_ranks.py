@@ -1,5 +1,5 @@
-"""``python -m warcore_sglang.trace`` compares ranks batch by batch, from one trace file or one
-per node (two nodes write two files; their pids may even coincide)."""
+"""``python -m warcore_sglang.audit.trace`` compares ranks batch by batch, from one trace file or
+one per node (two nodes write two files; their pids may even coincide)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from warcore_sglang.trace_ranks import compare_ranks
+import pytest
+from warcore_sglang.audit.trace_ranks import compare_ranks
+
+pytestmark = pytest.mark.any_release  # trace files, whichever sglang wrote them
 
 
 def _barrier(tp: int, step: int, mode: str, point: str, branch: str) -> dict[str, Any]:
@@ -38,7 +41,7 @@ def _node(path: Path, tp: int, steps: list[tuple[str, str, str]]) -> Path:
 
 def _cli(*paths: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "warcore_sglang.trace", *map(str, paths)],
+        [sys.executable, "-m", "warcore_sglang.audit.trace", *map(str, paths)],
         capture_output=True,
         text=True,
         timeout=120,

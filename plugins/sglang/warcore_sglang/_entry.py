@@ -7,8 +7,8 @@ that order:
 1. ``WARCORE_SGLANG=1``: activate warcore (:func:`warcore_sglang.activation.install`) in
    every process that may build a model runner (:data:`NO_RUNNER`: not the launcher, the
    ``Engine``'s own process, the detokenizer or the DP controller);
-2. ``WARCORE_SGLANG_TRACE=FILE``: trace the process (:mod:`warcore_sglang.trace`), warcore
-   active or not; ``WARCORE_SGLANG_SANITIZE``: the sanitizer (:mod:`warcore_sglang.sanitize`);
+2. ``WARCORE_SGLANG_TRACE=FILE``: trace the process (:mod:`warcore_sglang.audit.trace`), warcore
+   active or not; ``WARCORE_SGLANG_SANITIZE``: the sanitizer (:mod:`warcore_sglang.audit.sanitize`);
 3. one start-up line: whether warcore is active in this process and with which plugins, or
    why not (also written to the trace as a ``process`` record).
 
@@ -17,12 +17,13 @@ library at import time (never ``warcore``, ``torch`` or sglang), so that a broke
 ``warcore`` (a folder named ``warcore`` without ``__init__.py`` in the directory a
 ``python -m`` runs from comes first on ``sys.path`` and hides the installed package) is named
 in that line, instead of sglang's own "Failed to load plugin warcore" (sglang then serves
-without warcore). Never raises.
+without warcore); and so that a process not asked to activate (``WARCORE_SGLANG`` unset) pays
+nothing. Settings are read with warcore's own spelling (:mod:`warcore.integration.settings`)
+once warcore is known to be importable. Never raises.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import sys
@@ -30,15 +31,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ENV_ACTIVATE
-from ._rank_settings import check_ranks_mode, timeout_s
-from .sanitize import ENV_SANITIZE
-from .trace import ENV_TRACE
+from . import ENV_ACTIVATE, shadowed
+from .audit.sanitize import ENV_SANITIZE
+from .audit.trace import ENV_TRACE
 
 __all__ = ["Status", "shadowed", "sglang_plugin", "startup_line"]
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 logger = logging.getLogger("warcore.sglang")
 
@@ -52,7 +49,8 @@ _ROLES = {
     "main": "launcher",
     "<module>": "launcher",  # sglang/launch_server.py calls it at module level
 }
-"""sglang 0.5.23's functions that call ``load_plugins()`` -> the process's role."""
+"""The audited releases' functions that call ``load_plugins()`` -> the process's role (0.5.21
+calls it in the launcher, the ``Engine`` and each scheduler only)."""
 NO_RUNNER = frozenset({"engine", "launcher", "detokenizer", "dp-controller"})
 """Roles of sglang processes that build no model runner (sglang starts every scheduler in a
 process of its own, ``mp.Process(target=run_scheduler_process)``): they make no WAR decision,
@@ -78,6 +76,8 @@ class Status:
     activation_s: float | None = None
     """How long activating took in this process (importing warcore, loading its plugins,
     patching what sglang had imported): warcore's own start-up cost."""
+    release: str | None = None
+    """The sglang release in force (its audited entry) while warcore is active."""
     trace: str | None = None
     sanitize: str | None = None
     problems: list[str] = field(default_factory=list)
@@ -108,30 +108,16 @@ def _role() -> tuple[str, dict[str, Any]]:
     return "process", {}
 
 
-def shadowed(name: str = "warcore") -> str | None:
-    """Where ``import name`` would find a namespace package (a folder without
-    ``__init__.py``) instead of the installed package; ``None`` when it does not."""
-    module = sys.modules.get(name)
-    try:
-        spec = module.__spec__ if module is not None else importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.origin not in (None, "namespace"):
-        return None
-    locations = list(spec.submodule_search_locations or [])
-    return ", ".join(locations) or "(unknown location)"
+_LAUNCHER = "python -m warcore_sglang.serving.launch_server"
 
 
-def _activate(status: Status) -> None:
-    flag = os.environ.get(ENV_ACTIVATE, "").strip().lower()
-    if flag not in _TRUE:
-        status.reason = (
-            f"{ENV_ACTIVATE}={flag!r} (set it to 1, or launch with "
-            "python -m warcore_sglang.launch_server)"
-        )
-        # A value that is neither on nor off is an operator's mistake: say so loudly.
-        status.level = logging.INFO if flag in _FALSE else logging.WARNING
-        return
+def _asked() -> bool:
+    """Anything of warcore-sglang is asked for in this process (a ``WARCORE_SGLANG*`` variable
+    set); else nothing is imported."""
+    return any(k.startswith(ENV_ACTIVATE) and v.strip() for k, v in os.environ.items())
+
+
+def _refused_as_shadowed(status: Status) -> bool:
     where = shadowed("warcore")
     if where is not None:
         status.reason = (
@@ -140,6 +126,18 @@ def _activate(status: Status) -> None:
             "another directory or rename that folder"
         )
         status.level = logging.ERROR
+    return where is not None
+
+
+def _activate(status: Status) -> None:
+    from warcore.integration.settings import switch
+
+    on, problem = switch(os.environ, ENV_ACTIVATE)
+    if not on:
+        flag = os.environ.get(ENV_ACTIVATE, "").strip().lower()
+        status.reason = f"{ENV_ACTIVATE}={flag!r} (set it to 1, or launch with {_LAUNCHER})"
+        # A value that is neither on nor off is an operator's mistake: say so loudly.
+        status.level = logging.WARNING if problem is not None else logging.INFO
         return
     if status.role in NO_RUNNER:
         status.left_to_schedulers = True
@@ -155,6 +153,11 @@ def _activate(status: Status) -> None:
         status.settled = False
         activation.install(on_settled=lambda reason: _settled(status, reason))
         import warcore
+
+        from .activation import _state
+
+        state = _state.current
+        status.release = state.release.version if state is not None else None
 
         status.plugins = [
             {
@@ -184,9 +187,8 @@ def _settled(status: Status, reason: str | None) -> None:
         status.level = logging.ERROR
     from .activation import _state
 
-    state = _state.current
-    if state is not None and status.activation_s is not None:
-        status.activation_s += state.seconds  # checking and patching sglang's modules
+    if status.activation_s is not None:
+        status.activation_s += _state.activation.seconds  # checking and patching sglang's modules
     status.settled = True
     if status.ready:
         _finish(status)
@@ -201,6 +203,8 @@ def _reason(exc: BaseException) -> str:
 def _rank_check_settings(status: Status) -> None:
     """A bad rank-check setting is said in the start-up line (the check falls back: off, or
     the core's timeout), not found at the end of ``Scheduler.__init__``."""
+    from .settings import check_ranks_mode, timeout_s
+
     for _, problem in (check_ranks_mode(os.environ), timeout_s(os.environ)):
         if problem is not None:
             status.problems.append(problem)
@@ -209,11 +213,13 @@ def _rank_check_settings(status: Status) -> None:
 
 def _observe(status: Status) -> None:
     """The trace and the sanitizer, each said in the start-up line: on, or off and why."""
+    from warcore.integration.settings import FALSE, TRUE
+
     path = os.environ.get(ENV_TRACE, "").strip()
     mode = os.environ.get(ENV_SANITIZE, "").strip().lower()
-    if mode in ("1", "true", "yes", "on"):
+    if mode in TRUE:
         mode = "all"
-    if mode in _FALSE:
+    if mode in FALSE:
         mode = ""
     if mode and not path:
         status.problems.append(f"{ENV_SANITIZE}={mode!r} needs {ENV_TRACE}=FILE: sanitizer off")
@@ -223,7 +229,7 @@ def _observe(status: Status) -> None:
         return
     path = os.path.abspath(path)
     try:
-        from . import trace
+        from .audit import trace
 
         # a real write, now, not at the first barrier (/dev/full opens, and takes nothing)
         trace.write_record(path, {"kind": "open", "pid": status.pid, "t": time.time()})
@@ -238,7 +244,7 @@ def _observe(status: Status) -> None:
 
 
 def _sanitize(status: Status, path: str, mode: str) -> None:
-    from . import sanitize
+    from .audit import sanitize
 
     if mode not in sanitize.MODES:
         problem = f"{ENV_SANITIZE}={mode!r} is not one of {', '.join(sanitize.MODES)}"
@@ -263,7 +269,8 @@ def startup_line(status: Status) -> str:
         names = ", ".join(f"{p['name']} ({p['distribution']} {p['version']})" for p in loaded)
         failed = [p["name"] for p in status.plugins if p["status"] == "failed"]
         took = f" in {status.activation_s:.3f} s" if status.activation_s is not None else ""
-        text = f"{who}: warcore active{took}; plugins: {names or 'none'}"
+        text = f"{who}: warcore active on sglang {status.release}{took}; "
+        text += f"plugins: {names or 'none'}"
         if failed:
             text += f"; failed to load: {', '.join(failed)}"
     elif status.left_to_schedulers:
@@ -280,13 +287,12 @@ def startup_line(status: Status) -> str:
 
 
 def _emit(level: int, line: str) -> None:
-    """Log the line where logging would show it; otherwise (sglang loads plugins before it
-    configures logging, so the root logger still drops INFO then) on stderr directly: the line
-    is never lost."""
-    if logger.isEnabledFor(level) and (logging.getLogger().handlers or logger.handlers):
-        logger.log(level, line)
-    else:
+    try:
+        from warcore.integration.settings import emit
+    except ImportError:  # warcore shadowed or broken: the line is never lost
         print(f"[{logging.getLevelName(level)}] {line}", file=sys.stderr, flush=True)
+        return
+    emit(logger, level, line)
 
 
 def _finish(status: Status) -> None:
@@ -299,7 +305,7 @@ def _finish(status: Status) -> None:
         try:
             _write_process_record(status)
         except Exception as exc:
-            from . import sanitize, trace
+            from .audit import sanitize, trace
 
             sanitize.uninstall()
             trace.uninstall()
@@ -310,7 +316,7 @@ def _finish(status: Status) -> None:
 
 
 def _write_process_record(status: Status) -> None:
-    from . import trace
+    from .audit import trace
 
     line = startup_line(status)
     trace.write_record(
@@ -341,9 +347,14 @@ def sglang_plugin() -> Status | None:
     try:
         role, rank = _role()
         status = Status(os.getpid(), role, rank, False, None, logging.INFO)
-        _activate(status)
-        _rank_check_settings(status)
-        _observe(status)
+        if not _asked():
+            status.reason = f"{ENV_ACTIVATE}='' (set it to 1, or launch with {_LAUNCHER})"
+        elif _refused_as_shadowed(status):
+            pass
+        else:
+            _activate(status)
+            _rank_check_settings(status)
+            _observe(status)
         status.ready = True
         if status.settled:
             _finish(status)

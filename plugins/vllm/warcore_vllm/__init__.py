@@ -1,26 +1,30 @@
-"""warcore inside vLLM 0.33.0: vLLM's overlapped input staging declared in warcore's
-vocabulary, audited on vLLM's real classes, and an activation that keeps an unguarded overlap
-coarse.
+"""warcore inside vLLM: the overlapped input staging of every vLLM release warcore-vllm audited
+(:data:`warcore_vllm.releases.RELEASES`, one installation for all of them) declared in warcore's
+vocabulary, audited on vLLM's real classes, and an activation that keeps what vLLM leaves
+unguarded on a wait.
 
 * :mod:`warcore_vllm._names`: what is declared (each runner's staging: guard, depth, release,
-  host reads; the scheduler's deferred free) and the vLLM functions it relies on, with their
-  audited signatures and digests. Pure data.
+  host reads; the staging ring's users; the scheduler's deferred free). Pure data.
+* :mod:`warcore_vllm.releases`: each audited release, as data: the vLLM functions relied on
+  (signatures and digests), the watched modules and their steps, the audit's checks and the
+  violations vLLM leaves. Pure data.
 * ``python -m warcore_vllm.audit`` (:mod:`warcore_vllm.audit`): one verdict per check and
   configuration, from vLLM's real classes on a CPU.
-* :func:`install` / :func:`uninstall` (:mod:`warcore_vllm.activation`: the runner is checked
-  and patched where vLLM imports it); ``WARCORE_VLLM=1`` does it in every vLLM process through
-  vLLM's ``vllm.general_plugins`` entry point, with one start-up line per process.
+* :func:`install` / :func:`uninstall` (:mod:`warcore_vllm.activation`: each watched module is
+  checked and patched where vLLM imports it); ``WARCORE_VLLM=1`` does it in every vLLM process
+  through vLLM's ``vllm.general_plugins`` entry point, with one start-up line per process naming
+  the release in force.
 * ``python -m warcore_vllm.bench``: what warcore-vllm costs a vLLM process at start-up.
 
-Importing this package imports neither vLLM nor torch.
+Importing this package imports neither vLLM, nor torch, nor warcore (the entry point must be
+able to name a broken warcore in its start-up line).
 """
 
 from __future__ import annotations
 
 from ._entry import ENV_ACTIVATE
-from ._names import SUPPORTED
 
-__all__ = ["ENV_ACTIVATE", "SUPPORTED", "install", "is_installed", "uninstall"]
+__all__ = ["ENV_ACTIVATE", "install", "is_installed", "uninstall"]
 
 __version__ = "0.1.0"
 

@@ -139,6 +139,8 @@ class RecordingDevice:
     step: int = 0
     reads: int = 0
     poisoned_releases: int = 0
+    syncs: int = 0
+    """Device synchronizes vLLM's code called (``torch.cuda`` / ``torch.accelerator``)."""
     sanitize: bool = True
     """Poison the host buffers at each release point (an event or device synchronize)."""
 
@@ -166,6 +168,15 @@ class RecordingDevice:
     def read_in_place(self, buffer: str, view: torch.Tensor, what: str) -> None:
         """A kernel reads the host memory ``view`` in place (UVA) until its step is done."""
         self.read_later(buffer, view, what)
+
+    def rewritten(self, view: torch.Tensor, by: str) -> None:
+        """The host just wrote ``view``'s memory: every read of it still pending is a
+        violation, whatever bytes were written (a write-after-read)."""
+        key = view.untyped_storage().data_ptr()
+        for read in self.pending:
+            if read.source.untyped_storage().data_ptr() == key:
+                self.violations.append(Violation(read.buffer, read.step, read.what, f"{by}"))
+        self.pending = [p for p in self.pending if p.source.untyped_storage().data_ptr() != key]
 
     def mark(self) -> int:
         """A point in the stream (the end of a step's forward); returns it."""
@@ -222,6 +233,7 @@ class RecordingDevice:
         stream = type("RecordingCudaStream", (RecordingStream,), {"device": self})
 
         def sync(*args: Any, **kwargs: Any) -> None:
+            device.syncs += 1
             device.synchronize("device synchronize")
 
         current = stream()

@@ -3,12 +3,20 @@
 vLLM's ``load_general_plugins()`` calls :func:`vllm_plugin` once in every vLLM process (the
 front end, the engine core, each worker). With ``WARCORE_VLLM=1`` it activates warcore
 (:func:`warcore_vllm.activation.install`: it imports nothing of vLLM). Every process says one
-start-up line: warcore NOT active (and why: not asked, or an unaudited vLLM, refused), warcore
-active (vLLM's runner module was imported already, and is checked and patched), or warcore
-*armed*: vLLM's runner module is checked and patched when this process imports it, which only
-a process that builds a V1 model runner does. That process then says one more line, when it
-happens: warcore active, or taken off (its code differs from the audited one; vLLM's own
-guards apply). Never raises: a failing plugin must not take vLLM down.
+start-up line, naming the vLLM release in force: warcore NOT active (and why: not asked, or a
+vLLM that is not an audited release, refused), warcore active (every watched module was
+imported already, and is checked and patched), or warcore *armed*: the watched modules not
+imported yet are checked and patched when this process imports them, which only a process
+that builds a model runner does. That process then says one more line: warcore active, with
+what it changed, once every watched module is checked and patched and, where the V2 runner's
+module is patched, its first V2 runner is built (the line names that runner's ring depth); or
+taken off (its code differs from the audited one; vLLM's own guards apply).
+
+This module imports nothing but the standard library at import time (never ``warcore``,
+``torch`` or vLLM): a broken ``warcore`` is named in the start-up line, and a process not asked
+to activate pays nothing. The switch is read with warcore's own spelling
+(:func:`warcore.integration.settings.switch`) once warcore is known to be importable. Never
+raises: a failing plugin must not take vLLM down.
 """
 
 from __future__ import annotations
@@ -21,8 +29,6 @@ import time
 __all__ = ["ENV_ACTIVATE", "startup_line", "vllm_plugin"]
 
 ENV_ACTIVATE = "WARCORE_VLLM"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 logger = logging.getLogger("warcore.vllm")
 
@@ -32,39 +38,75 @@ def _who() -> str:
 
 
 def _active_line(took: float) -> str:
-    from ._names import SUPPORTED
-    from .activation import RUNNER, WATCH
+    from . import activation
 
+    entry = activation.release()
+    version = entry.version if entry is not None else "?"
+    checked = ", ".join(activation.checked()) + " checked against the audited code"
+    if activation.skipped():
+        checked += f", {', '.join(activation.skipped())} not imported (a V2 runner is built)"
+    changed = "; ".join(activation.changes()) or "nothing to patch in this release"
     return (
-        f"{_who()}: warcore active (vLLM {SUPPORTED}: {', '.join(WATCH)} checked against the "
-        f"audited code, {RUNNER}.GPUModelRunner.synchronize_input_prep patched; warcore's own "
-        f"work {took:.3f} s): an overlapped V1 runner without its input-prep event takes the "
-        "coarse sync"
+        f"{_who()}: warcore active on vLLM {version} ({checked}; warcore's own work "
+        f"{took:.3f} s): {changed}"
     )
 
 
-def _settled(installed_in: float, reason: str | None) -> None:
-    """The activation settled after start-up (vLLM imported its runner module): say so."""
-    if reason is not None:
-        _emit(logging.ERROR, f"{_who()}: warcore taken off: {reason}")
-        return
-    from .activation import settled_seconds
+def _armed_line(took: float) -> str:
+    from . import activation
 
-    _emit(logging.INFO, _active_line(installed_in + settled_seconds()))
+    entry = activation.release()
+    version = entry.version if entry is not None else "?"
+    pending = ", ".join(sorted(activation.activation.pending))
+    return (
+        f"{_who()}: warcore armed on vLLM {version} in {took:.3f} s: {pending} checked and "
+        "patched when this process imports them (a process that builds no model runner never "
+        "does); until then, vLLM as shipped"
+    )
+
+
+def _settled(installed_in: float, version: str, reason: str | None) -> None:
+    """The activation settled after start-up (vLLM imported the watched modules): say so."""
+    if reason is not None:
+        _emit(logging.ERROR, f"{_who()}: warcore taken off on vLLM {version}: {reason}")
+        return
+    from . import activation
+
+    def say() -> None:
+        _emit(logging.INFO, _active_line(installed_in + activation.settled_seconds()))
+
+    if activation.awaits_runner():  # the ring's depth is decided as the runner is built
+        activation.when_runner_built(say)
+    else:
+        say()
+
+
+def _switch() -> tuple[bool, str | None]:
+    """``WARCORE_VLLM`` read: unset or blank is off without importing anything; any other
+    value in warcore's own spelling."""
+    if not os.environ.get(ENV_ACTIVATE, "").strip():
+        return False, None
+    from warcore.integration.settings import switch
+
+    return switch(os.environ, ENV_ACTIVATE)
 
 
 def startup_line() -> tuple[int, str]:
     """Activate if asked; (log level, the start-up line)."""
-    flag = os.environ.get(ENV_ACTIVATE, "").strip().lower()
-    if flag not in _TRUE:
-        level = logging.INFO if flag in _FALSE else logging.WARNING
-        return level, f"{_who()}: warcore NOT active: {ENV_ACTIVATE}={flag!r} (set it to 1)"
+    on, problem = _switch()
+    if not on:
+        flag = os.environ.get(ENV_ACTIVATE, "").strip().lower()
+        level = logging.INFO if problem is None else logging.WARNING
+        why = problem or f"{ENV_ACTIVATE}={flag!r}"
+        return level, f"{_who()}: warcore NOT active: {why} (set it to 1)"
     start = time.perf_counter()
-    took: list[float] = []  # set once install() returned: a later settling is a line of its own
+    # (seconds install() took, the release): set once install() returned; a settling after
+    # that is a line of its own
+    installed: list[tuple[float, str]] = []
 
     def on_settled(reason: str | None) -> None:
-        if took:
-            _settled(took[0], reason)
+        if installed:
+            _settled(*installed[0], reason)
 
     try:
         from . import activation
@@ -74,25 +116,23 @@ def startup_line() -> tuple[int, str]:
         return logging.ERROR, (
             f"{_who()}: warcore NOT active, vLLM's own guards apply: {type(exc).__name__}: {exc}"
         )
-    took.append(time.perf_counter() - start)
+    took = time.perf_counter() - start
+    entry = activation.release()
+    installed.append((took, entry.version if entry is not None else "?"))
     if activation.is_active():  # every watched module was imported already: checked, patched
-        return logging.INFO, _active_line(took[0])
-    from ._names import SUPPORTED
-
-    return logging.INFO, (
-        f"{_who()}: warcore armed in {took[0]:.3f} s (vLLM {SUPPORTED}): "
-        f"{activation.RUNNER} is checked and patched when this process imports it (a process "
-        "that builds no V1 model runner never does); nothing of vLLM is patched until then"
-    )
+        return logging.INFO, _active_line(took)
+    return logging.INFO, _armed_line(took)
 
 
 def _emit(level: int, line: str) -> None:
-    """Log the line where logging would show it; otherwise on stderr directly (vLLM configures
-    only its own ``vllm`` logger): the line is never lost."""
-    if logger.isEnabledFor(level) and (logging.getLogger().handlers or logger.handlers):
-        logger.log(level, line)
-    else:
+    """The line where logging would show it; otherwise on stderr directly (vLLM configures
+    only its own ``vllm`` logger): the line is never lost, even when warcore is broken."""
+    try:
+        from warcore.integration.settings import emit
+    except Exception:  # warcore shadowed or broken: the line is never lost
         print(f"[{logging.getLevelName(level)}] {line}", file=sys.stderr, flush=True)
+        return
+    emit(logger, level, line)
 
 
 def vllm_plugin() -> None:

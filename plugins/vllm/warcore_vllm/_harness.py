@@ -1,5 +1,5 @@
-"""vLLM 0.33.0's real objects, built and driven on a CPU: the configuration, the V1 runner, the
-scheduler, and the engine's overlap loop.
+"""vLLM's real objects, built and driven on a CPU: the configuration, the V1 runner (0.33.0),
+the scheduler, and the engine's overlap loop.
 
 Built from vLLM's own constructors (``ModelConfig`` from a ``config.json``-only tiny Llama,
 ``VllmConfig``, ``GPUModelRunner(vllm_config, cpu)``, ``Scheduler`` / ``AsyncScheduler``), inside
@@ -118,37 +118,62 @@ def vllm_config(cfg: Configuration, *, num_blocks: int = 32) -> Any:
             kv_role="kv_consumer",
             kv_connector_extra_config={"shared_storage_path": tempfile.mkdtemp()},
         )
-    vc = VllmConfig(
-        model_config=model,
-        scheduler_config=scheduler,
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-        **kwargs,
-    )
+    with triton_refusal_passed():
+        vc = VllmConfig(
+            model_config=model,
+            scheduler_config=scheduler,
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+            **kwargs,
+        )
     vc.scheduler_config.async_scheduling = cfg.async_scheduling
     vc.parallel_config.pipeline_parallel_size = cfg.pipeline_parallel
     vc.cache_config.num_gpu_blocks = num_blocks
     return vc
 
 
-_WORLD = False
+@contextlib.contextmanager
+def triton_refusal_passed() -> Iterator[None]:
+    """``VllmConfig`` built past the CPU platform's refusal of x86 without Triton, where the
+    installed release refuses (:attr:`warcore_vllm.releases.VllmRelease.refuses_x86_without_triton`,
+    0.34.0's ``platforms/cpu.py:242-243``): ``HAS_TRITON`` reads True while
+    ``CpuPlatform.check_and_update_config`` runs, and only then. A stand-in: triton-cpu is not
+    on this machine's package index, and nothing the audit runs launches a Triton kernel."""
+    from ._vllm import current
 
-MODULES = (
-    "vllm.config",
-    "vllm.distributed",
-    "vllm.v1.worker.gpu_model_runner",
-    "vllm.v1.worker.block_table",
-    "vllm.v1.core.sched.async_scheduler",
-    "vllm.v1.structured_output",
-    "vllm.v1.outputs",
-)
+    if not current().refuses_x86_without_triton:
+        yield
+        return
+    import vllm.triton_utils as triton_utils
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = vars(CpuPlatform)["check_and_update_config"]
+
+    def checked(cls: type, vllm_config: Any) -> None:
+        saved, triton_utils.HAS_TRITON = triton_utils.HAS_TRITON, True
+        try:
+            original.__func__(cls, vllm_config)
+        finally:
+            triton_utils.HAS_TRITON = saved
+
+    CpuPlatform.check_and_update_config = classmethod(checked)
+    try:
+        yield
+    finally:
+        CpuPlatform.check_and_update_config = original
+
+
+_WORLD = False
 
 
 def preload() -> None:
-    """Import what the harness uses, before the recording device is installed (torch's own
-    lazy imports subclass ``torch.Event``; they must see the real one)."""
+    """Import what the harness uses for the installed release
+    (:attr:`warcore_vllm.releases.VllmRelease.preload`), before the recording device is installed
+    (torch's own lazy imports subclass ``torch.Event``; they must see the real one)."""
     import importlib
 
-    for name in MODULES:
+    from ._vllm import current
+
+    for name in current().preload:
         importlib.import_module(name)
 
 
@@ -309,14 +334,12 @@ def add_requests(sched: Any, count: int, prompt: int, max_tokens: int, first: in
 def model_output(so: Any) -> Any:
     """What the runner would return for step ``so``: one token per scheduled request (a
     function of the request and its position, so every run agrees)."""
-    from vllm.v1.outputs import ModelRunnerOutput
+    from ._v2 import model_runner_output
 
     req_ids = sorted(so.num_scheduled_tokens)
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={r: i for i, r in enumerate(req_ids)},
-        sampled_token_ids=[[(hash(r) + so.num_scheduled_tokens[r]) % VOCAB] for r in req_ids],
-    )
+    output = model_runner_output(req_ids)
+    output.sampled_token_ids = [[(hash(r) + so.num_scheduled_tokens[r]) % VOCAB] for r in req_ids]
+    return output
 
 
 def stage(run: V1Run, so: Any) -> None:

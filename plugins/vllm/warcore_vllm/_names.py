@@ -1,11 +1,13 @@
-"""What warcore-vllm declares about vLLM 0.33.0, in warcore's vocabulary, and what it relies on
-(pure data: importing this imports nothing of vLLM, nor torch).
+"""What warcore-vllm declares about vLLM, in warcore's vocabulary (pure data: importing this
+imports nothing of vLLM, nor torch). Which of these each audited release has, and everything
+else that differs per release, is :mod:`warcore_vllm.releases`.
 
 Each runner's staging is said with the terms of warcore's own staging model
 (:mod:`warcore.batch` ``HostStaging``, ``staging_depth``; :func:`warcore.core.host_release_point`;
 the host KV tier's deferred free): whether a guard releases the staged host buffers (``guarded``,
 warcore's ``staging_guard``), how deep the ring is, where the release is recorded, and until
 when the device reads the host buffers (``host_reads``, a :class:`warcore.SharedReadBoundary`).
+A user of V2's staging ring is a :class:`RingUser` in the same terms.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from dataclasses import dataclass
 
 from warcore.core import SharedReadBoundary
 
-__all__ = ["AUDITED", "DEFERRED_FREE", "STAGING", "SUPPORTED", "Staging"]
+__all__ = ["COPY_EVENT", "DEFERRED_FREE", "STAGING", "UVA", "RingUser", "Staging"]
 
-SUPPORTED = "0.33.0"
-"""The one vLLM release whose code the declarations were read from: compared as a string,
-exactly (``packaging``'s ``==0.33.0`` would also match ``0.33.0+cpu`` and other local builds)."""
+UVA = SharedReadBoundary.POST_REPLAY
+"""A UVA slot is host memory the step's kernels read in place, through the whole forward."""
+
+COPY_EVENT = (
+    "AsyncOutput.copy_event (recorded after the step's kernels, before the drafter; the batch "
+    "queue synchronizes it before step N + max_concurrent_batches is scheduled)"
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,29 @@ class Staging:
     """Until when the device reads the staged host buffers: ``PRE_REPLAY`` for copies
     enqueued during input preparation (before the forward), ``POST_REPLAY`` for kernels that
     read host memory in place through the forward."""
+
+
+@dataclass(frozen=True)
+class RingUser:
+    """One user of V2's ``UvaBufferPool`` staging ring, in warcore's vocabulary: depth-only
+    staging (``staging_guard=False``: a slot comes back after ``max_concurrency`` uses), what it
+    writes per step, until when the device reads it (``host_reads``) and what releases it."""
+
+    name: str
+    """The class, as the audit's verdict names it."""
+    where: str
+    """Construct / stage / apply, file:line in the release's wheel."""
+    pools: str
+    writes: str
+    """What it writes per step (each write is one use of each pool named)."""
+    release: str = COPY_EVENT
+    host_reads: SharedReadBoundary = UVA
+    audited: str = "runner"
+    """How the audit exercises it: ``runner`` (in the V2 runner the audit builds, through
+    ``execute_model``), ``check`` (a check of its own, among the release's audits), or
+    ``read`` (read from the code; its classes do not build on a CPU)."""
+    module: str = ""
+    """Where a ``read`` user is defined."""
 
 
 STAGING: dict[str, Staging] = {
@@ -80,30 +109,3 @@ DEFERRED_FREE = (
     "toucher is done); sliding-window blocks are freed on the settled basis "
     "num_computed_tokens - num_in_flight_tokens"
 )
-
-AUDITED: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
-    "0.33.0": {
-        "vllm.v1.worker.gpu_model_runner": {
-            "GPUModelRunner.synchronize_input_prep": ("(self)", "cf7bda73c41a9305"),
-            "GPUModelRunner._sync_device": ("(self)", "59100b02856c8fb1"),
-        },
-        "vllm.v1.utils": {"CpuGpuBuffer.copy_to_gpu": ("(self, n=None)", "21666c0293e4e70d")},
-        "vllm.config.vllm": {"VllmConfig.max_concurrent_batches": ("(self)", "9814340d4d14d561")},
-        "vllm.v1.worker.gpu.buffer_utils": {
-            "set_default_max_concurrency": ("(n)", "d539619bf6b8545d"),
-            "UvaBufferPool.copy_to_uva": ("(self, x)", "71c256b12faa42b0"),
-        },
-        "vllm.v1.worker.mm_encoder_model_runner": {
-            "MMEncoderModelRunner.input_tensor_semaphore": ("(self)", "b388a52d5bdfe6dd"),
-        },
-        "vllm.v1.core.sched.scheduler": {
-            "Scheduler._request_blocks_can_be_freed": ("(self, request)", "5322eb31a21b5dfc"),
-            "Scheduler._free_request_blocks": ("(self, request)", "aeaf39576c8a133f"),
-            "Scheduler._drain_deferred_frees": ("(self)", "271a3d54b56d58c9"),
-        },
-    },
-}
-"""vLLM version -> module -> qualified name -> (signature, digest) of every vLLM function the
-declarations, the audit and the activation rely on (:func:`warcore.audit.engine_code.digest`:
-the function's own definition, docstring, comments and formatting left out, the same on every
-Python version), recomputed from the installed wheel's source files by the tests."""

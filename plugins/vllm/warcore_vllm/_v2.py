@@ -18,9 +18,7 @@ own dummy run (``execute_model(dummy_run=True)``) skips the staging block and st
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -28,8 +26,9 @@ from typing import Any
 import torch
 
 from ._device import RecordingDevice
+from ._ring import cpu_uva
 
-__all__ = ["V2Configuration", "encoder_ring", "v2_ring"]
+__all__ = ["V2Configuration", "async_output", "encoder_ring", "model_runner_output", "v2_ring"]
 
 
 @dataclass(frozen=True)
@@ -63,25 +62,22 @@ def max_concurrent_batches(pipeline_parallel: int) -> int:
     return int(value)
 
 
-@contextlib.contextmanager
-def cpu_uva() -> Iterator[Any]:
-    """The V2 buffer module with vLLM's CPU ``UvaBuffer`` as its UVA buffer (what vLLM's CPU V2
-    runner swaps in), and its default depth put back after the block."""
-    import vllm.v1.worker.cpu.buffer_utils as cpu_buffers
-    import vllm.v1.worker.gpu.buffer_utils as buffers
+def model_runner_output(req_ids: list[str]) -> Any:
+    """A ``ModelRunnerOutput`` of ``req_ids`` (0.33.0 also wants their index by id, a field
+    0.34.0 removed: given where the installed class has it)."""
+    import dataclasses
 
-    saved = buffers.UvaBuffer, buffers.is_uva_available, buffers._DEFAULT_MAX_CONCURRENCY
-    buffers.UvaBuffer = cpu_buffers.UvaBuffer
-    buffers.is_uva_available = lambda: True
-    try:
-        yield buffers
-    finally:
-        buffers.UvaBuffer, buffers.is_uva_available, buffers._DEFAULT_MAX_CONCURRENCY = saved
-
-
-def _async_output(device: RecordingDevice) -> Any:
-    """A real ``AsyncOutput`` for a step (its inputs: one sampled token)."""
     from vllm.v1.outputs import ModelRunnerOutput
+
+    kwargs: dict[str, Any] = {"req_ids": req_ids}
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+        kwargs["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+    return ModelRunnerOutput(**kwargs)
+
+
+def async_output() -> Any:
+    """A real ``AsyncOutput`` for a step (its inputs: one sampled token); created inside
+    ``RecordingDevice.installed()``, its ``copy_event`` is recorded at the device's position."""
     from vllm.v1.worker.gpu.async_utils import AsyncOutput
 
     sampled = torch.zeros((1, 1), dtype=torch.int32)
@@ -94,7 +90,7 @@ def _async_output(device: RecordingDevice) -> Any:
     )
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     return AsyncOutput(
-        model_runner_output=ModelRunnerOutput(req_ids=[], req_id_to_index={}),
+        model_runner_output=model_runner_output([]),
         sampler_output=sampler_output,
         num_sampled_tokens=torch.ones(1, dtype=torch.int32),
         main_stream=stream,
@@ -118,7 +114,7 @@ def v2_ring(cfg: V2Configuration, device: RecordingDevice, steps: int = 6) -> tu
                 device.read_in_place("UvaBufferPool slot", view, "dummy run's kernels")
             view = pool.copy_to_uva([step] * 4)
             device.read_in_place("UvaBufferPool slot", view, "step's kernels (UVA read)")
-            queue.append(_async_output(device))
+            queue.append(async_output())
             if len(queue) >= batches:
                 queue.popleft().get_output()
         while queue:

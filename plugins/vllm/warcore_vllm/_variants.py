@@ -5,7 +5,7 @@ real class: the method's own source (``engine_code.definition``) is parsed, one 
 the result is compiled in the method's own module globals and set on the class for the
 duration of a ``with`` block. Everything else of the method is vLLM's. The changed source is
 registered with ``linecache`` under the variant's file name, so that ``inspect`` and the
-digest of :mod:`warcore.audit.engine_code` read the variant's code, as they read vLLM's.
+digest of :mod:`warcore.integration.engine_code` read the variant's code, as they read vLLM's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import linecache
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from warcore.audit import engine_code
+from warcore.integration import engine_code
 
 __all__ = ["method_source", "replaced", "variant"]
 

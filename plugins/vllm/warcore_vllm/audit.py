@@ -1,9 +1,10 @@
-"""The audit of vLLM 0.33.0's overlapped staging, on its real classes: ``python -m
+"""The audit of the installed vLLM's overlapped staging, on its real classes: ``python -m
 warcore_vllm.audit`` (exit 1 when a check finds a violation in a configuration it audits; the
-violations of configurations vLLM itself leaves unguarded are expected and reported, see
-:data:`EXPECTED`).
+violations vLLM itself leaves are expected and reported,
+:attr:`warcore_vllm.releases.VllmRelease.expected`; exit 2, one line, on a vLLM not audited).
 
-One verdict per check and configuration, naming vLLM's class:
+One verdict per check and configuration, naming vLLM's class; which run on a release is that
+release's data (:attr:`warcore_vllm.releases.VllmRelease.audits`):
 
 * ``v1-event``: ``GPUModelRunner`` has its ``prepare_inputs_event`` whenever steps can overlap
   (``VllmConfig.max_concurrent_batches > 1``);
@@ -16,41 +17,33 @@ One verdict per check and configuration, naming vLLM's class:
 * ``encoder-ring``: ``MMEncoderModelRunner``'s guarded ring;
 * ``deferred-free``: ``Scheduler`` returns a request's blocks only after the fence step's
   output (#45357), and ``swa-settled``: sliding-window blocks are freed on the settled basis
-  (#47728) (:mod:`warcore_vllm._sched`).
+  (#47728) (:mod:`warcore_vllm._sched`);
+* ``ring-entry-points``, ``ring-user``, ``ring-step``, ``staged-by-reference``: the V2 staging
+  ring on the V2 runner itself, every use of every slot through every entry point, per ring
+  user and per step kind (:mod:`warcore_vllm._v2checks`, :mod:`warcore_vllm._kinds`);
+* ``warmup``: each of vLLM's warmup functions, run as shipped (:mod:`warcore_vllm._warmup`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 
-from . import _harness, _sched, _v2
+from . import _harness, _kinds, _sched, _v2, _v2checks, _warmup
 from ._device import RecordingDevice
 from ._harness import Configuration
-from ._names import STAGING
 from ._variants import method_source
+from ._verdict import NOT_NEEDED, SOUND, VIOLATION, Verdict
+from ._vllm import current
+from .releases import VllmRelease
 
-__all__ = ["CHECKS", "EXPECTED", "Verdict", "audit", "main"]
+__all__ = ["CHECK_FUNCTIONS", "Verdict", "audit", "checks", "main", "report", "run_check"]
 
-SOUND, VIOLATION, NOT_NEEDED = "sound", "VIOLATION", "not needed"
 RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    check: str
-    cls: str
-    configuration: str
-    verdict: str
-    detail: str
-
-    def line(self) -> str:
-        return (
-            f"{self.verdict:<10} {self.check:<16} {self.cls} [{self.configuration}]: {self.detail}"
-        )
 
 
 def v1_event(cfg: Configuration) -> Verdict:
@@ -62,16 +55,36 @@ def v1_event(cfg: Configuration) -> Verdict:
     if overlap <= 1:
         verdict, detail = NOT_NEEDED, "max_concurrent_batches 1: no step overlaps another"
     elif event is None:
-        verdict = VIOLATION
+        with device.installed():
+            waits = _input_preparation_waits(runner, device)
+        verdict = SOUND if waits else VIOLATION
         detail = (
             f"max_concurrent_batches {overlap} but prepare_inputs_event is None (created only "
-            "under async scheduling): the pinned input buffers are rewritten while the "
-            "previous step's copies may still read them (vLLM #47644, open)"
+            "under async scheduling): "
+        )
+        detail += (
+            f"each input preparation first waits for the device ({waits} device synchronizes "
+            "in 2 of them): the previous step's copies are done before their sources change"
+            if waits
+            else "the pinned input buffers are rewritten while the previous step's copies may "
+            "still read them (vLLM #47644, open)"
         )
     else:
         verdict = SOUND
         detail = f"max_concurrent_batches {overlap}, prepare_inputs_event present"
     return Verdict("v1-event", RUNNER, cfg.name, verdict, detail)
+
+
+def _input_preparation_waits(runner: object, device: RecordingDevice, preparations: int = 2) -> int:
+    """How many device synchronizes ``preparations`` of the runner's input preparation make
+    (its ``synchronize_input_prep`` entered and left, as ``execute_model`` does): one each, or
+    none (a synchronize per preparation is the coarse guard)."""
+    before = device.syncs
+    for _ in range(preparations):
+        with runner.synchronize_input_prep():  # type: ignore[attr-defined]
+            pass
+    waits = device.syncs - before
+    return waits if waits >= preparations else 0
 
 
 WRITERS = frozenset({"_update_states", "_prepare_inputs", "_preprocess", "copy_to_gpu"})
@@ -218,67 +231,154 @@ V2_DP_DUMMY = _v2.V2Configuration("V2 DP idle rank", dummy_runs_per_step=1)
 KV_CONSUMER = Configuration("async + KV consumer", True, kv_consumer=True)
 SWA = Configuration("async + sliding window", True, sliding_window=32)
 
-CHECKS: list[tuple[str, Callable[[], Verdict]]] = [
-    ("v1-event", lambda: v1_event(_harness.DEFAULT)),
-    ("v1-event", lambda: v1_event(_harness.SYNC)),
-    ("v1-event", lambda: v1_event(_harness.PP_NO_ASYNC)),
-    ("v1-guard-scope", lambda: guard_scope(_runner_class())),
-    ("v1-host-buffers", lambda: v1_host_buffers(_harness.DEFAULT)),
-    ("v1-host-buffers", lambda: v1_host_buffers(_harness.SYNC)),
-    ("v1-host-buffers", lambda: v1_host_buffers(_harness.PP_NO_ASYNC)),
-    ("v2-ring", lambda: v2_ring(V2_DEFAULT)),
-    ("v2-ring", lambda: v2_ring(V2_PP)),
-    ("v2-ring", lambda: v2_ring(V2_DP_DUMMY)),
-    ("encoder-ring", encoder_ring),
-    ("deferred-free", lambda: deferred_free(KV_CONSUMER)),
-    ("deferred-free", lambda: deferred_free(_harness.DEFAULT)),
-    ("swa-settled", lambda: swa_settled(SWA)),
-]
-
-EXPECTED = {
-    ("v1-event", _harness.PP_NO_ASYNC.name),
-    ("v1-host-buffers", _harness.PP_NO_ASYNC.name),
-    ("v2-ring", V2_DP_DUMMY.describe()),
+V1_CONFIGURATIONS = {
+    "default": _harness.DEFAULT,
+    "synchronous": _harness.SYNC,
+    "#47644": _harness.PP_NO_ASYNC,
 }
-"""(check, configuration) pairs vLLM 0.33.0 itself leaves unguarded, reported as violations on
-purpose: #47644 (pipeline parallel without async scheduling, open) and the class of #54269
-(a V2 step kind that stages a pool use without a release, modelled as an idle data-parallel
-rank's dummy run; 0.33.0's own dummy run stages none, see :mod:`warcore_vllm._v2`)."""
+V2_CONFIGURATIONS = {
+    "default": V2_DEFAULT,
+    "pipeline parallel": V2_PP,
+    "DP idle rank (modelled)": V2_DP_DUMMY,
+}
+SCHEDULER_CONFIGURATIONS = {"KV consumer": KV_CONSUMER, "default": _harness.DEFAULT}
+
+CHECK_FUNCTIONS: dict[str, Callable[[str], Verdict]] = {
+    "v1-event": lambda key: v1_event(V1_CONFIGURATIONS[key]),
+    "v1-guard-scope": lambda key: guard_scope(_runner_class()),
+    "v1-host-buffers": lambda key: v1_host_buffers(V1_CONFIGURATIONS[key]),
+    "v2-ring": lambda key: v2_ring(V2_CONFIGURATIONS[key]),
+    "encoder-ring": lambda key: encoder_ring(),
+    "deferred-free": lambda key: deferred_free(SCHEDULER_CONFIGURATIONS[key]),
+    "swa-settled": lambda key: swa_settled(SWA),
+    "ring-entry-points": lambda key: _v2checks.entry_point_check(),
+    "ring-user": _v2checks.ring_user,
+    "ring-step": _kinds.ring_step,
+    "warmup": _warmup.warmup,
+    "staged-by-reference": lambda key: _v2checks.staged_by_reference(),
+}
+"""Check -> its function of the configuration, as a release's
+:attr:`~warcore_vllm.releases.VllmRelease.audits` names it: which (check, configuration) pairs
+run on a release, and which of their violations vLLM itself leaves
+(:attr:`~warcore_vllm.releases.VllmRelease.expected`), are that release's data."""
 
 
-def audit() -> list[Verdict]:
+def checks() -> tuple[tuple[str, str], ...]:
+    """(check, configuration) of the installed release, in the order the audit runs them."""
+    return current().audits
+
+
+def run_check(check: str, key: str) -> Verdict:
+    return replace(CHECK_FUNCTIONS[check](key), key=key)
+
+
+def audit(*, activated: bool = False, skip: frozenset[str] = frozenset()) -> list[Verdict]:
+    """Every check of the installed release (but those named in ``skip``), on vLLM's real
+    classes; ``activated``: with warcore-vllm's activation installed
+    (:func:`warcore_vllm.activation.install`, its real patches), then uninstalled."""
     _harness.preload()
-    return [run() for _, run in CHECKS]
+    with _activation(activated):
+        return [run_check(check, key) for check, key in checks() if check not in skip]
+
+
+ACTIVATED_WITH: list[str] = []
+"""What the activation of the last activated audit changed (its report's first line)."""
+
+
+@contextlib.contextmanager
+def _activation(on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    from . import activation
+
+    activation.install()
+    _v2checks.every_user_run.cache_clear()  # a run of the activated runner, not a cached one
+    ACTIVATED_WITH[:] = activation.changes(first_runner=False)
+    try:
+        yield
+    finally:
+        activation.uninstall()
+        _v2checks.every_user_run.cache_clear()
+
+
+def _said(verdict: Verdict, release: VllmRelease) -> Verdict:
+    """A verdict of the activated audit, with what warcore did for it, or could not."""
+    where = (verdict.check, verdict.key)
+    if verdict.verdict == SOUND and where in release.fixes:
+        return replace(
+            verdict, detail=f"{verdict.detail}; made sound by warcore: {release.fixes[where]}"
+        )
+    if verdict.verdict == VIOLATION and where in release.unfixable:
+        return replace(
+            verdict,
+            detail=f"{verdict.detail}; left as vLLM ships it (warcore "
+            f"cannot fix it: {release.unfixable[where]})",
+        )
+    return verdict
+
+
+def _summary(verdicts: list[Verdict], release: VllmRelease, activated: bool) -> str:
+    found = [v for v in verdicts if v.verdict == VIOLATION]
+    expected = release.unfixable if activated else release.expected
+    known = sorted(
+        {release.expected[v.check, v.key] for v in found if (v.check, v.key) in expected}
+    )
+    count = sum((v.check, v.key) in expected for v in found)
+    which = "warcore cannot fix" if activated else "expected"
+    text = (
+        f"{len(verdicts)} verdicts: {sum(v.verdict == SOUND for v in verdicts)} sound, "
+        f"{len(found)} violations ({count} {which}: {'; '.join(known) or 'none'}), "
+        f"{sum(v.verdict == NOT_NEEDED for v in verdicts)} not needed"
+    )
+    if activated:
+        fixed = sum(v.verdict == SOUND and (v.check, v.key) in release.fixes for v in verdicts)
+        text += f"; {fixed} of vLLM's {len(release.expected)} violations made sound by warcore"
+    return text
+
+
+def report(verdicts: list[Verdict], *, activated: bool = False) -> tuple[int, str]:
+    """The command's exit status and output for ``verdicts`` of the installed release (exit 1
+    on a violation the release does not expect: with ``activated``, only those warcore cannot
+    fix are)."""
+    from ._vllm import installed_version
+
+    release = current()
+    expected = release.unfixable if activated else release.expected
+    header = f"warcore-vllm audit of vLLM {installed_version()} ({', '.join(release.staging)})"
+    if activated:
+        header += f", warcore active: {'; '.join(ACTIVATED_WITH)}"
+        verdicts = [_said(v, release) for v in verdicts]
+    lines = [header, *(v.line() for v in verdicts), _summary(verdicts, release, activated)]
+    unexpected = [
+        v for v in verdicts if v.verdict == VIOLATION and (v.check, v.key) not in expected
+    ]
+    return (1 if unexpected else 0), "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._vllm import gate_problems, installed_version
+    from ._vllm import gate_problems
 
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m warcore_vllm.audit",
         description="Audit the installed vLLM's reuse of the buffers a step's copies read, on "
         "its real classes (no GPU, no model weights). Exit 0: every verdict as expected; 1: an "
-        "unexpected violation; 2: not the audited vLLM.",
-    ).parse_args(argv)
-
-    print(f"warcore-vllm audit of vLLM {installed_version()} ({', '.join(STAGING)})")
+        "unexpected violation; 2: not an audited vLLM (one line).",
+    )
+    parser.add_argument(
+        "--activated",
+        action="store_true",
+        help="audit the activated configuration: warcore-vllm's activation installed (its real "
+        "patches); expected violations are then only those warcore cannot fix",
+    )
+    args = parser.parse_args(argv)
     problems = gate_problems()
     if problems:
         print("NOT AUDITED: " + "; ".join(problems))
         return 2
-    verdicts = audit()
-    for verdict in verdicts:
-        print(verdict.line())
-    unexpected = [
-        v for v in verdicts if v.verdict == VIOLATION and (v.check, v.configuration) not in EXPECTED
-    ]
-    found = sum(v.verdict == VIOLATION for v in verdicts)
-    print(
-        f"{len(verdicts)} verdicts: {sum(v.verdict == SOUND for v in verdicts)} sound, "
-        f"{found} violations ({found - len(unexpected)} expected: vLLM #47644, #54269's class), "
-        f"{sum(v.verdict == NOT_NEEDED for v in verdicts)} not needed"
-    )
-    return 1 if unexpected else 0
+    status, text = report(audit(activated=args.activated), activated=args.activated)
+    print(text, end="")
+    return status
 
 
 if __name__ == "__main__":

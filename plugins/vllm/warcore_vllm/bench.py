@@ -2,12 +2,15 @@
 
 Each measurement is a fresh process (vLLM loads its plugins once a process) that runs vLLM's
 real ``load_general_plugins()``, as the front end, the engine core and each worker do, and,
-in the ``runner`` scenario, then imports ``vllm.v1.worker.gpu_model_runner`` as a worker that
-builds the V1 runner does. Variants: ``vllm`` (warcore-vllm installed, ``WARCORE_VLLM=0``),
-``warcore`` (``WARCORE_VLLM=1``) and, with ``--base DIR``, ``warcore base`` (``WARCORE_VLLM=1``
-with the ``warcore_vllm`` package of ``DIR``, an extracted older checkout, first on
-``PYTHONPATH``). A discarded warm-up round first, then ``--rounds`` rounds, the order of the
-variants rotated each round; a ratio is taken inside one round against ``vllm``.
+in the ``runner`` scenario, then imports the module of the runner the installed release's
+workers build (:attr:`warcore_vllm.releases.VllmRelease.runner_module`: 0.33.0's V1
+``vllm.v1.worker.gpu_model_runner``, 0.34.0's ``vllm.v1.worker.gpu.model_runner``). On a vLLM
+warcore-vllm has not audited it says so in one line and exits 2. Variants: ``vllm``
+(warcore-vllm installed, ``WARCORE_VLLM=0``), ``warcore`` (``WARCORE_VLLM=1``) and, with
+``--base DIR``, ``warcore base`` (``WARCORE_VLLM=1`` with the ``warcore_vllm`` package of
+``DIR``, an extracted older checkout, first on ``PYTHONPATH``). A discarded warm-up round
+first, then ``--rounds`` rounds, the order of the variants rotated each round; a ratio is
+taken inside one round against ``vllm``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warcore.cli import Limit, UsageError, check_writable, write_output
+from warcore.cli import JsonOutput, Limit
+
+from ._vllm import current, unsupported_reason
 
 __all__ = ["main", "measure"]
 
@@ -34,16 +39,18 @@ imported = time.perf_counter()
 vllm.plugins.load_general_plugins()
 loaded = time.perf_counter()
 if sys.argv[1] == "runner":
-    import vllm.v1.worker.gpu_model_runner
+    import importlib
+    importlib.import_module(sys.argv[2])
 print(json.dumps({"import_vllm_s": imported - start, "plugins_s": loaded - imported,
                   "runner_import_s": time.perf_counter() - loaded,
-                  "runner_imported": "vllm.v1.worker.gpu_model_runner" in sys.modules}))
+                  "runner_imported": sys.argv[2] in sys.modules}))
 """
 SCENARIOS = ("front end", "runner")
 
 
-def measure(scenario: str, variant: str, base: str | None) -> dict[str, Any]:
-    """One fresh process of ``scenario`` under ``variant``."""
+def measure(scenario: str, variant: str, base: str | None, runner: str) -> dict[str, Any]:
+    """One fresh process of ``scenario`` under ``variant`` (``runner``: the module a worker of
+    the installed release imports to build its model runner)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "WARCORE_VLLM": "0"}
     if variant != "vllm":
         env["WARCORE_VLLM"] = "1"
@@ -53,7 +60,11 @@ def measure(scenario: str, variant: str, base: str | None) -> dict[str, Any]:
     arg = "runner" if scenario == "runner" else "front"
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, arg], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CHILD, arg, runner],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:
@@ -113,11 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.base and not (Path(args.base) / "warcore_vllm" / "__init__.py").is_file():
         parser.error(f"--base {args.base}: no warcore_vllm package in that folder")
-    try:
-        if args.json:
-            check_writable("--json", args.json, make_parents=True)
-    except UsageError as exc:
-        parser.error(str(exc))
+    output = JsonOutput(parser, args.json)
+    reason = unsupported_reason()
+    if reason is not None:
+        print(f"{parser.prog}: NOT AUDITED: {reason}", file=sys.stderr)
+        return 2
+    runner = current().runner_module
     variants = ["vllm", "warcore"] + (["warcore base"] if args.base else [])
     load = [os.getloadavg()[0]]
     rows: list[dict[str, Any]] = []
@@ -125,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
         for scenario in SCENARIOS:
             for variant in order:
-                row = measure(scenario, variant, args.base)
+                row = measure(scenario, variant, args.base, runner)
                 row["round"] = rnd
                 rows.append(row)
                 print(f"round {rnd} {scenario:<9} {variant:<12} {row['process_s']:7.3f} s")
@@ -133,15 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = _summary([r for r in rows if r["round"] > 0], variants)
     _print(summary)
     print(f"1-minute load average: {load[0]:.2f} before, {min(load):.2f}-{max(load):.2f}")
-    if args.json:
-        command = ["python", "-m", "warcore_vllm.bench", *(argv or sys.argv[1:])]
-        record = {"command": command, "load": load, "summary": summary, "runs": rows}
-        try:
-            write_output("--json", args.json, json.dumps(record, indent=1) + "\n")
-        except UsageError as exc:
-            print(f"{parser.prog}: {exc}", file=sys.stderr)
-            return 2
-    return 0
+    command = ["python", "-m", "warcore_vllm.bench", *(argv or sys.argv[1:])]
+    return output.write({"command": command, "load": load, "summary": summary, "runs": rows})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""sglang 0.5.22's real ``Engine`` on this CPU, run once for the refusal tests (the fixtures
+"""sglang 0.5.20's real ``Engine`` on this CPU, run once for the refusal tests (the fixtures
 are in ``conftest.py``): :func:`warcore_sglang.serving.run_engine` (a child process, every wait
 bounded, every process it started stopped by its pid), with ``WARCORE_SGLANG=1`` and a trace."""
 
@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warcore_sglang import serving, trace
+from warcore_sglang.audit import trace
+from warcore_sglang.serving import harness as serving
 
-REFUSED = "0.5.22"
-"""The sglang release these tests install (``plugins/sglang/sglang-0.5.22-pins.txt``)."""
-AUDITED = "0.5.23"
+REFUSED = "0.5.20"
+"""The sglang release these tests install (``plugins/sglang/sglang-0.5.20-pins.txt``)."""
+AUDITED = "0.5.22, 0.5.23"
+"""The audited releases, as the refusal names them."""
 TIMEOUT = float(os.environ.get("WARCORE_SGLANG_SERVER_TIMEOUT", "420"))
 """Seconds the engine may take, start-up to shutdown."""
 WAVES = serving.two_waves(3, 6)
@@ -21,8 +23,7 @@ ENV = {
     "WARCORE_SGLANG": "1",
     "WARCORE_PLUGINS": "",
     "WARCORE_FORCE_COARSE": "",
-    # 0.5.22's prefill read-done is off unless asked for (EnvBool(False); 0.5.23: True): asked
-    # for, so that its own gate has a decision to show
+    # 0.5.20's prefill read-done is off unless asked for (EnvBool(False)): asked for
     "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1",
 }
 
@@ -46,9 +47,8 @@ def serve(root: Path) -> Served:
     model = serving.write_tiny_model(root / "model")
     trace_path = root / "trace.jsonl"
     env = {**serving.cpu_env(), **ENV, trace.ENV_TRACE: str(trace_path)}
-    # fork_native (tests/server/dists/sglang_fork_attn, installed by the session): torch_native
-    # declaring prefill PRE_REPLAY, so that sglang's own prefill gate publishes an event (a run
-    # that is coarse everywhere could not be told from one where warcore forced it)
-    args = serving.cpu_engine_args(model, attention_backend="fork_native")
+    # torch_native: 0.5.20 runs an out-of-tree backend's prefill through triton (its
+    # support_triton checks the backend's name only), which a CPU has no stand-in for
+    args = serving.cpu_engine_args(model, attention_backend="torch_native")
     result = serving.run_engine(args, WAVES, env=env, timeout=TIMEOUT, workdir=root, name="engine")
     return Served(result["tokens"], trace.read_trace(trace_path), result["log"])

@@ -1,4 +1,4 @@
-"""sglang 0.5.22, which warcore-sglang has not audited (``nox -s sglang_refusal``; the other
+"""sglang 0.5.20, which warcore-sglang has not audited (``nox -s sglang_refusal``; the other
 sglang sessions leave this folder out).
 
 The real ``Engine`` (``_served.py``) starts in the background as the session begins (its

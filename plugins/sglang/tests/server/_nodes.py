@@ -1,6 +1,7 @@
 """Two sglang "nodes" on this machine for ``test_nodes.py``: sglang 0.5.23's multi-node launch
 (``--nnodes 2 --node-rank 0|1 --dist-init-addr 127.0.0.1:PORT``) as two separate process trees,
-each started on its own by ``python -m warcore_sglang.launch_server`` with its own environment
+each started on its own by ``python -m warcore_sglang.serving.launch_server`` with its own
+environment
 (its own ``WARCORE_PLUGINS``, trace file and CPU core), as two machines would be.
 
 :func:`run_nodes` starts both at once and waits, bounded, until each node answers ``/health``
@@ -26,7 +27,8 @@ from typing import Any
 
 import psutil
 from _servers import TIMEOUT
-from warcore_sglang import serving, trace
+from warcore_sglang.audit import trace
+from warcore_sglang.serving import harness as serving
 
 MODES: dict[str, dict[str, Any]] = {
     "tp": {"tp_size": 2},
@@ -80,7 +82,7 @@ class Node:
 
     def launch(self) -> None:
         self.trace_path.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "warcore_sglang.launch_server", *self.argv]
+        argv = [sys.executable, "-m", "warcore_sglang.serving.launch_server", *self.argv]
         argv += ["--host", "127.0.0.1", "--port", str(self.port)]
         with self.log.open("wb") as sink:
             self.process = subprocess.Popen(

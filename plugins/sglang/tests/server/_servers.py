@@ -2,7 +2,8 @@
 fixtures are in ``conftest.py``.
 
 Each configuration below is one real server start: sglang's ``Engine`` in a child process
-(:func:`warcore_sglang.serving.run_engine`), or ``python -m warcore_sglang.launch_server`` over
+(:func:`warcore_sglang.serving.run_engine`), or ``python -m warcore_sglang.serving.launch_server``
+over
 HTTP on 127.0.0.1 with a free port; every wait is bounded and every process is stopped by its
 pid, also when a test fails. The configurations start in the background as the session begins,
 two at a time, and each is shared by every test that asserts on it: a test asks for its
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from warcore_sglang import sanitize, serving, trace
+from warcore_sglang.audit import sanitize, trace
+from warcore_sglang.serving import harness as serving
 
 REQUIRED = ("sglang_fork_attn", "warcore_sglang_test_plugins", "xgrammar", "psutil")
 missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]

@@ -37,7 +37,8 @@ def test_warcore_is_active_in_the_scheduler_child_with_its_plugins(servers: Serv
     took = scheduler["activation_s"]
     assert 0 < took < 30, took
     assert (
-        f"process {scheduler['pid']} (scheduler, tp 0, pp 0): warcore active in {took:.3f} s; "
+        f"process {scheduler['pid']} (scheduler, tp 0, pp 0): warcore active on sglang 0.5.23 in "
+        f"{took:.3f} s; "
         "plugins:" in log
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _nodes import NodesRun, run_nodes
 from _servers import WAVES, Servers
-from warcore_sglang import serving
+from warcore_sglang.serving import harness as serving
 
 SAME = ("sglang,fork_late", "sglang,fork_late")
 LACKING = ("sglang", "sglang,fork_late")

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from _servers import RANK_TIMEOUT_S, TIMEOUT, Servers
-from warcore_sglang.trace_ranks import compare_ranks
+from warcore_sglang.audit.trace_ranks import compare_ranks
 
 AGREE = "warcore: all 2 ranks resolved the same read-done decisions"
 DISAGREE = "warcore: ranks disagree on read-done decisions: rank(s) 1 differ from rank 0"
@@ -65,7 +65,7 @@ def test_the_ranks_agree_batch_by_batch(servers: Servers) -> None:
 
 def _summary(*paths: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "warcore_sglang.trace", *map(str, paths)],
+        [sys.executable, "-m", "warcore_sglang.audit.trace", *map(str, paths)],
         capture_output=True,
         text=True,
         timeout=120,

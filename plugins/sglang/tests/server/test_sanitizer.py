@@ -5,7 +5,7 @@ same requests run unpoisoned in the same server."""
 from __future__ import annotations
 
 from _servers import Run, Servers
-from warcore_sglang import sanitize
+from warcore_sglang.audit import sanitize
 
 
 def _report(run: Run) -> sanitize.Report:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from warcore_sglang import serving
+from warcore_sglang.serving import harness as serving
 
 
 def _shadowing_dir(tmp_path: Path) -> Path:
@@ -36,7 +36,7 @@ def test_the_folder_really_shadows_warcore_here(tmp_path: Path) -> None:
 def test_the_launcher_refuses_to_start_without_warcore(tmp_path: Path, model: Path) -> None:
     cwd = _shadowing_dir(tmp_path)
     port = serving.free_port()
-    argv = ["-m", "warcore_sglang.launch_server", *serving.cpu_server_argv(model)]
+    argv = ["-m", "warcore_sglang.serving.launch_server", *serving.cpu_server_argv(model)]
     done = _python([*argv, "--host", "127.0.0.1", "--port", str(port)], cwd)
     assert done.returncode == 2, done
     assert f"shadowed by the folder {cwd / 'warcore'}" in done.stderr, done.stderr

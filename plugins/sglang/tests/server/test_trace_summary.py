@@ -1,4 +1,4 @@
-"""``python -m warcore_sglang.trace FILE`` on the trace of a real server run."""
+"""``python -m warcore_sglang.audit.trace FILE`` on the trace of a real server run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from _servers import Servers
 def test_the_summary_counts_the_barriers_of_a_real_run(servers: Servers) -> None:
     run = servers["fork_alone"]
     done = subprocess.run(
-        [sys.executable, "-m", "warcore_sglang.trace", str(run.trace_path), "--json"],
+        [sys.executable, "-m", "warcore_sglang.audit.trace", str(run.trace_path), "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -30,7 +30,7 @@ def test_the_summary_counts_the_barriers_of_a_real_run(servers: Servers) -> None
     assert rows == dict(expected)
     assert {p["role"] for p in summary["processes"]} == {"engine", "scheduler", "detokenizer"}
     text = subprocess.run(
-        [sys.executable, "-m", "warcore_sglang.trace", str(run.trace_path)],
+        [sys.executable, "-m", "warcore_sglang.audit.trace", str(run.trace_path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,10 +1,12 @@
-"""warcore's answer for a live backend, bounded by sglang's own, with its provenance.
+"""warcore's answer for a live backend, the one bound, and the provenance reports give.
 
-The patched declaration points (:mod:`._points`) return these decisions; the trace and the
-sanitizer report them with :func:`explain` / :func:`explain_prefill`, so what a report says is
-what the patched method did. Two rules hold for every decision: it is never earlier than
-sglang's own answer for the same call (:func:`decide` takes the later), and warcore's vetoes,
-force-coarse and publish phase close it (UNKNOWN: a coarse barrier).
+A patched point asks sglang's own code for the call it is in, then warcore's answer for the
+instance (:func:`ours`: the plugins' declarations for its warcore name and context, closed by a
+veto, force-coarse, the ranks or a phase that does not publish), then takes :func:`bound`, the
+later of the two. warcore's answer depends only on the instance and the plugin set, so it is
+remembered on the instance (:func:`warcore_sglang.activation._state.cached`); sglang's is asked
+on every call. The trace and the sanitizer report :func:`explain` / :func:`explain_prefill`, the
+same decision with its provenance.
 """
 
 from __future__ import annotations
@@ -24,20 +26,34 @@ from warcore.core import (
     resolve_war_publish_phase,
 )
 
-from .. import _sglang
-from .._names import SRT
-from .._prefill_switch import DEFAULT, PrefillSwitch, read_prefill_switch
+from ..declarations import oracle
+from ..declarations.names import SRT
+from ..settings import DEFAULT, PrefillSwitch, read_prefill_switch
 from . import _state
 from ._identity import identify
 
 UNKNOWN = SharedReadBoundary.UNKNOWN
 
 
-def base_module() -> Any:
-    """sglang's ``base_attn_backend`` (complete whenever a patched module has been imported:
-    every one of them imports it; the constants come from it, not from a fresh import, so that
-    patching inside an import chain never re-enters a half-imported module)."""
-    return sys.modules[SRT + "layers.attention.base_attn_backend"]
+def sglang_ends() -> Any:
+    """sglang's ``SharedReadEnds`` (its module is complete whenever a patched module has been
+    imported: every one of them imports it; taken from ``sys.modules``, never a fresh import,
+    so that patching inside an import chain never re-enters a half-imported module)."""
+    return sys.modules[SRT + "layers.attention.base_attn_backend"].SharedReadEnds
+
+
+def envs() -> Any:
+    """sglang's ``srt.environ.envs`` (a watched module: imported before anything is patched)."""
+    return sys.modules[SRT + "environ"].envs
+
+
+def bound(own: Any, ours: Any) -> Any:
+    """The later of sglang's own ``SharedReadEnds`` and warcore's (``None``: warcore has no
+    answer of its own): never earlier than sglang. (``_value_``: an Enum member's value as a
+    plain attribute; ``.value`` is a descriptor call.)"""
+    if ours is None or own._value_ >= ours._value_:
+        return own
+    return ours
 
 
 def _closed(
@@ -54,13 +70,17 @@ def _closed(
     veto = resolve_fast_path_veto(mode, ctx, pm=pm)
     if veto.vetoed:
         return veto.source
-    # EXTEND's gate is the algorithm's supports_prefill_shared_read_done (patched too); no
-    # other sglang runner gates on the algorithm, so a phase that does not publish is UNKNOWN.
+    # EXTEND's gate is the algorithm's (its patched supports_prefill_shared_read_done, and
+    # prefill_decision); no other sglang runner gates on the algorithm, so a phase that does
+    # not publish is UNKNOWN.
     if mode is not ForwardMode.EXTEND:
-        phase = resolve_war_publish_phase(ctx.algorithm, mode, pm=pm)
-        if not phase.publishes:
-            return f"not the publish phase ({phase.source})"
+        return _not_publishing(ctx.algorithm, mode, pm)
     return None
+
+
+def _not_publishing(algorithm: str, mode: ForwardMode, pm: WarcorePluginManager) -> str | None:
+    phase = resolve_war_publish_phase(algorithm, mode, pm=pm)
+    return None if phase.publishes else f"not the publish phase ({phase.source})"
 
 
 def _answer(backend: Any, mode: ForwardMode) -> tuple[SharedReadBoundary | None, str]:
@@ -80,74 +100,84 @@ def _answer(backend: Any, mode: ForwardMode) -> tuple[SharedReadBoundary | None,
     return resolution.boundary, source
 
 
+def ours(backend: Any, smode: Any) -> Any:
+    """warcore's answer for (instance, sglang mode) as a ``SharedReadEnds``, or ``None``:
+    resolved once per plugin set and remembered on the instance."""
+
+    def resolve() -> Any:
+        boundary, _ = _answer(backend, oracle.warcore_mode(smode))
+        if boundary is None:
+            _warn_unnamed(backend)
+            return None
+        return sglang_ends()[boundary.name]
+
+    return _state.cached(backend, ("ends", smode), resolve)
+
+
+def _warn_unnamed(backend: Any) -> None:
+    _state.log_once(
+        ("unnamed", type(backend)),
+        logging.WARNING,
+        f"warcore-sglang: {type(backend).__qualname__} is not a backend warcore-sglang can "
+        "name: its own declaration applies (with warcore's vetoes and force-coarse)",
+    )
+
+
 def decide(backend: Any, smode: Any, own: SharedReadBoundary) -> tuple[SharedReadBoundary, str]:
     """The later of sglang's own answer ``own`` and warcore's for (instance, sglang mode), and
     why: a provenance such as ``plugin:sglang``, ``default:failed:<plugin>``,
     ``forced-coarse``, ``veto:...`` or ``sglang:<Class>.shared_read_ends (...)``."""
-    ours, source = _answer(backend, _sglang.warcore_mode(smode))
+    answer, source = _answer(backend, oracle.warcore_mode(smode))
     cls = type(backend).__qualname__
-    if ours is None:
-        _state.log_once(
-            ("unnamed", type(backend)),
-            logging.WARNING,
-            f"warcore-sglang: {cls} is not a backend warcore-sglang can name: its own "
-            "declaration applies (with warcore's vetoes and force-coarse)",
-        )
+    if answer is None:
         return own, f"sglang:{cls}.shared_read_ends ({source})"
-    if own > ours:
-        _state.log_once(
-            ("later", type(backend), smode),
-            logging.WARNING,
-            f"warcore-sglang: {cls} itself declares {own.name} for {smode.name}, later than "
-            f"warcore's {ours.name} ({source}): using {own.name}",
-        )
-        return own, f"sglang:{cls}.shared_read_ends (later than {source}'s {ours.name})"
-    return ours, source
-
-
-def decide_ends(backend: Any, smode: Any, own_ends: Any) -> Any:
-    """:func:`decide` in sglang's terms: a ``SharedReadEnds`` for sglang's own ``own_ends``."""
-    return _sglang.ends_of(decide(backend, smode, _sglang.boundary_of(own_ends))[0])
+    if own > answer:
+        return own, f"sglang:{cls}.shared_read_ends (later than {source}'s {answer.name})"
+    return answer, source
 
 
 def explain(backend: Any, smode: Any) -> tuple[SharedReadBoundary, str]:
     """What the patched ``shared_read_ends`` answers for (instance, sglang mode), and why."""
-    with _sglang.in_tree():
-        own = _sglang.boundary_of(type(backend).shared_read_ends(backend, smode))
+    with oracle.in_tree():
+        own = oracle.boundary_of(type(backend).shared_read_ends(backend, smode))
     return decide(backend, smode, own)
 
 
 def explain_prefill(backend: Any) -> tuple[SharedReadBoundary, str]:
-    """The static prefill decision of the patched ``resolve_prefill_shared_read_ends`` for the
-    instance (sglang's switches, warcore's gate, the declaration) and its provenance. A
-    backend's per-batch snapshot can only move it later."""
-    envs = base_module().envs
-    if envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():
+    """The static prefill decision of the patched prefill point for the instance (sglang's
+    switches, warcore's gate, the declaration) and its provenance. A backend's per-batch
+    answer can only move it later."""
+    release = oracle.release()
+    resolver = release is not None and release.prefill == "resolver"  # the publisher ignores it
+    if resolver and envs().SGLANG_FORCE_COARSE_WAR_BARRIER.get():
         return UNKNOWN, "sglang:SGLANG_FORCE_COARSE_WAR_BARRIER"
-    for switch in (read_prefill_switch(DEFAULT, os.environ, envs), prefill_opt_out()):
+    for switch in (read_prefill_switch(DEFAULT, os.environ, envs()), prefill_opt_out()):
         if not switch.on:
             return UNKNOWN, switch.source
     closed, _, _ = prefill_decision(backend)
     if closed is not None:
         return UNKNOWN, closed
-    return explain(backend, _sglang.api().ForwardMode.EXTEND)
+    return explain(backend, oracle.api().ForwardMode.EXTEND)
 
 
 def prefill_opt_out() -> PrefillSwitch:
     """What ``WARCORE_SGLANG_PREFILL_SWITCH=main`` adds to sglang's own prefill switch: sglang
     main's opt-out ``SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER``. Under the default setting
-    nothing (sglang's resolver reads its own switch); its warning, if any, is logged once."""
+    nothing (sglang reads its own switch); its warning, if any, is logged once."""
     state = _state.current
     setting = state.prefill_switch if state is not None else DEFAULT
     if setting == DEFAULT:
-        return PrefillSwitch(True, "sglang's own prefill switch")
-    switch = read_prefill_switch(setting, os.environ, getattr(base_module(), "envs", None))
+        return _OWN_SWITCH
+    switch = read_prefill_switch(setting, os.environ, envs())
     if switch.warning is not None:
         _state.log_once(("prefill-switch", switch.warning), logging.WARNING, switch.warning)
     return switch
 
 
-def _others(resolution: BoundaryResolution, ours: frozenset[str]) -> SharedReadBoundary:
+_OWN_SWITCH = PrefillSwitch(True, "sglang's own prefill switch")
+
+
+def _others(resolution: BoundaryResolution, mine: frozenset[str]) -> SharedReadBoundary:
     """The latest answer of plugins other than warcore-sglang in a resolution tree
     (``UNKNOWN`` if any of them failed or is stale); ``PRE_REPLAY`` when there is none."""
     found = [SharedReadBoundary.PRE_REPLAY]
@@ -156,25 +186,30 @@ def _others(resolution: BoundaryResolution, ours: frozenset[str]) -> SharedReadB
         r = stack.pop()
         if r.failures or r.source.startswith(("stale:", "forced-coarse")):
             return UNKNOWN
-        found += [b for plugin, b in r.answers if plugin not in ours]
+        found += [b for plugin, b in r.answers if plugin not in mine]
         stack.extend(r.children)
     return latest(found)
 
 
-def prefill_decision(backend: Any) -> tuple[str | None, Any, Any]:
-    """(why the prefill may not publish, None when it may; the static answer; the latest other
-    plugin's answer), the last two as ``SharedReadEnds``."""
+def _prefill_decision(backend: Any) -> tuple[str | None, Any, Any]:
     pm = _state.pm()
     name, ctx = identify(backend)
-    closed = _closed(name, ForwardMode.EXTEND, ctx, pm)
-    if closed is None:
-        phase = resolve_war_publish_phase(ctx.algorithm, ForwardMode.EXTEND, pm=pm)
-        if not phase.publishes:
-            closed = f"not the publish phase ({phase.source})"
-    static = backend.shared_read_ends(_sglang.api().ForwardMode.EXTEND)
+    closed = _closed(name, ForwardMode.EXTEND, ctx, pm) or _not_publishing(
+        ctx.algorithm, ForwardMode.EXTEND, pm
+    )
+    static = sglang_ends().UNKNOWN
     others = SharedReadBoundary.PRE_REPLAY
     if name is not None:
+        resolution = resolve_shared_read_boundary(name, ForwardMode.EXTEND, ctx, pm=pm)
+        static = sglang_ends()[resolution.boundary.name]
         state = _state.current
-        ours = state.plugin_names if state is not None else frozenset()
-        others = _others(resolve_shared_read_boundary(name, ForwardMode.EXTEND, ctx, pm=pm), ours)
-    return closed, static, _sglang.ends_of(others)
+        mine = state.plugin_names if state is not None else frozenset()
+        others = _others(resolution, mine)
+    return closed, static, sglang_ends()[others.name]
+
+
+def prefill_decision(backend: Any) -> tuple[str | None, Any, Any]:
+    """(why the prefill may not publish, ``None`` when it may; warcore's static answer; the
+    latest answer of the plugins other than warcore-sglang's own), the last two as
+    ``SharedReadEnds``; once per plugin set, remembered on the backend."""
+    return _state.cached(backend, ("prefill",), lambda: _prefill_decision(backend))

@@ -11,41 +11,23 @@ call: the runtime context is published after the activation is installed).
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any
 
 from warcore import BoundaryContext
 
-from .. import _sglang
-from .._names import (
-    LEAVES,
+from ..declarations import oracle
+from ..declarations.names import (
     MAX_DEPTH,
     PREFIX,
-    REGISTRY_CLASSES,
-    SRT,
     TAG,
     WRAPPERS,
-    warcore_name,
 )
-
-
-@functools.lru_cache(maxsize=1)
-def _class_names() -> dict[str, str]:
-    """``module:Qualname`` of each class warcore-sglang names -> its warcore name."""
-    table: dict[str, str] = {}
-    for name, ref in REGISTRY_CLASSES.items():
-        table.setdefault(SRT + ref, warcore_name(name))  # first registry name wins (fa3 / fa4)
-    for name, ref in LEAVES.items():
-        table[SRT + ref] = name
-    for name, shape in WRAPPERS.items():
-        table[SRT + shape.cls] = name
-    return table
 
 
 def _name_of_class(cls: type) -> str | None:
     """The warcore name of the nearest class in ``cls``'s MRO that warcore-sglang names; None
     when a class it does not name declares for itself first."""
-    table = _class_names()
+    table = oracle.class_names()
     for klass in cls.__mro__:
         name = table.get(f"{klass.__module__}:{klass.__qualname__}")
         if name is not None:
@@ -117,8 +99,8 @@ def process_algorithm(backend: Any = None) -> Any:
     with contextlib.suppress(Exception):
         from sglang.srt.runtime_context import get_spec
 
-        return _sglang.api().SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
-    return _sglang.api().SpeculativeAlgorithm.NONE
+        return oracle.api().SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
+    return oracle.api().SpeculativeAlgorithm.NONE
 
 
 def offload_flags() -> dict[str, bool]:
@@ -143,6 +125,6 @@ def identify(backend: Any) -> tuple[str | None, BoundaryContext]:
     children, and the offload flags of the server args."""
     structure: dict[str, Any] = {}
     name = _structure(backend, structure)
-    algo = _sglang.warcore_algorithm(process_algorithm(backend)) or "none"
+    algo = oracle.warcore_algorithm(process_algorithm(backend)) or "none"
     flags = {**(structure if name is not None else {}), **offload_flags()}
     return name, BoundaryContext(algo, flags)

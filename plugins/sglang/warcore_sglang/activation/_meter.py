@@ -1,13 +1,18 @@
 """What warcore adds to each batch of a real scheduler, timed where it happens (opt-in).
 
 With ``WARCORE_SGLANG_METER=FILE`` when the activation is installed, every patched declaration
-point is timed (its own time, nested calls counted once), and each batch of the scheduler's
-loop, from ``Scheduler.run_batch`` to the end of its ``_apply_war_barrier``, appends one JSON
-line to FILE: the forward mode, warcore's nanoseconds in that batch, how many patched calls
-they were, and the batch's nanoseconds. The end-to-end tokens per second of a CPU server cannot
-resolve a 1% cost on shared cores (the A/A control of ``python -m warcore_sglang.bench_server``
-spread 0.60-1.95); this can. The timer's own cost (two clock reads per call) is counted as
-warcore's: the figure is an upper bound.
+point is timed (its own time, nested calls counted once, sglang's code it calls timed apart),
+and each batch of the scheduler's loop, from ``Scheduler.run_batch`` to the end of its
+``_apply_war_barrier``, appends one JSON line to FILE: the forward mode, warcore's nanoseconds
+in that batch, how many patched calls they were, the batch's nanoseconds, and the meter's own
+floor. The end-to-end tokens per second of a CPU server cannot resolve a 1% cost on shared
+cores (the A/A control of ``python -m warcore_sglang.serving.bench_server`` spread
+0.60-1.95); this can.
+
+The meter's own cost (its wrappers, two clock reads per call: about 0.7 µs each in these VMs)
+is counted as warcore's: the figure is an upper bound. ``floor_ns`` is what the meter counts
+for a point that adds nothing, timed after the barrier (where the caches are warmer than at a
+point): warcore_ns minus calls × floor_ns, the net figure, is an upper bound still.
 """
 
 from __future__ import annotations
@@ -20,14 +25,36 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..trace import write_record
+from ..audit.trace import write_record
 
 __all__ = ["ENV_METER", "path", "timed", "timed_batches"]
 
 ENV_METER = "WARCORE_SGLANG_METER"
 
+
+class _Tally:
+    """One thread's figures for the batch it runs (slots: the meter's own cost, counted as
+    warcore's, stays a few attribute reads)."""
+
+    __slots__ = ("depth", "in_sglang", "own_ns", "points", "ns", "calls", "batch_start", "mode")
+
+    def __init__(self) -> None:
+        self.depth = self.own_ns = self.points = self.ns = self.calls = 0
+        self.in_sglang = False
+        self.batch_start: int | None = None
+        self.mode = "?"
+
+
 _local = threading.local()
 logger = logging.getLogger("warcore.sglang")
+
+
+def _tally() -> _Tally:
+    try:
+        return _local.tally  # type: ignore[no-any-return]
+    except AttributeError:
+        _local.tally = _Tally()
+        return _local.tally  # type: ignore[no-any-return]
 
 
 def path() -> str | None:
@@ -37,36 +64,88 @@ def path() -> str | None:
 
 
 def _count(function: Callable[..., Any]) -> Callable[..., Any]:
+    local, clock = _local, time.perf_counter_ns  # the meter's own cost is counted: kept small
+
     @functools.wraps(function)
     def counted(*args: Any, **kwargs: Any) -> Any:
-        depth = getattr(_local, "depth", 0)
-        _local.depth = depth + 1
-        start = time.perf_counter_ns()
+        tally = getattr(local, "tally", None) or _tally()
+        depth = tally.depth
+        tally.depth = depth + 1
+        own = tally.own_ns
+        start = clock()
         try:
             return function(*args, **kwargs)
         finally:
-            _local.depth = depth
+            tally.depth = depth
             if depth == 0:
-                _local.ns = getattr(_local, "ns", 0) + time.perf_counter_ns() - start
-                _local.calls = getattr(_local, "calls", 0) + 1
+                spent = clock() - start
+                tally.points += spent
+                tally.ns += spent - (tally.own_ns - own)
+                tally.calls += 1
 
     counted.__warcore_original__ = function  # type: ignore[attr-defined]
     return counted
 
 
+def _sglangs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """sglang's own function as a patched point calls it, its time kept apart (outermost
+    call only: what it calls of sglang is in it)."""
+
+    local, clock = _local, time.perf_counter_ns
+
+    @functools.wraps(original)
+    def sglangs(*args: Any, **kwargs: Any) -> Any:
+        tally = getattr(local, "tally", None) or _tally()
+        if tally.in_sglang:
+            return original(*args, **kwargs)
+        tally.in_sglang = True
+        start = clock()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            tally.in_sglang = False
+            tally.own_ns += clock() - start
+
+    sglangs.__warcore_original__ = original  # type: ignore[attr-defined]
+    return sglangs
+
+
 def timed(make: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``make`` (a patched point's factory), its product timed: a function or a property."""
+    """``make`` (a patched point's factory), its product timed, the original it calls timed
+    apart: a function or a property (sglang's getter timed apart too)."""
 
     def timed_make(original: Any) -> Any:
-        patched = make(original)
-        if isinstance(patched, property):
+        if isinstance(original, property):
+            assert original.fget is not None
+            patched = make(property(_sglangs(original.fget), original.fset, original.fdel))
             assert patched.fget is not None
             out = type(patched)(_count(patched.fget), patched.fset, patched.fdel)
-            out.__warcore_original__ = original  # type: ignore[attr-defined]
+            out.__warcore_original__ = original
             return out
-        return _count(patched)
+        return _count(make(_sglangs(original)))
 
     return timed_make
+
+
+def _pass_through(original: Callable[..., Any]) -> Callable[..., Any]:
+    def point(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs)
+
+    return point
+
+
+_NULL_POINT = _count(_pass_through(_sglangs(lambda: None)))
+"""A patched point that only calls sglang's original, timed as the real ones are."""
+
+
+def _floor(tally: _Tally) -> int:
+    """What the meter itself counts for a point that adds nothing (its clock reads, its
+    wrappers), timed after the batch's barrier; the batch's figures are left as they were."""
+    saved = tally.ns, tally.points, tally.calls
+    _NULL_POINT()
+    floor = tally.ns - saved[0]
+    tally.ns, tally.points, tally.calls = saved
+    return floor
 
 
 _broken: set[str] = set()
@@ -98,9 +177,10 @@ def timed_batches(
 
     @functools.wraps(run_batch)
     def metered_run_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        _local.ns = _local.calls = 0
-        _local.batch_start = time.perf_counter_ns()
-        _local.mode = str(getattr(getattr(batch, "forward_mode", None), "name", "?"))
+        tally = _tally()
+        tally.ns = tally.calls = tally.points = 0
+        tally.batch_start = time.perf_counter_ns()
+        tally.mode = str(getattr(getattr(batch, "forward_mode", None), "name", "?"))
         return run_batch(self, batch, *args, **kwargs)
 
     @functools.wraps(barrier)
@@ -108,16 +188,19 @@ def timed_batches(
         try:
             return barrier(self, *args, **kwargs)
         finally:
-            start = getattr(_local, "batch_start", None)
-            if start is not None:
+            tally = _tally()
+            if tally.batch_start is not None:
+                batch_ns = time.perf_counter_ns() - tally.batch_start
                 record = {
                     "pid": os.getpid(),
-                    "mode": _local.mode,
-                    "warcore_ns": _local.ns,
-                    "calls": _local.calls,
-                    "batch_ns": time.perf_counter_ns() - start,
+                    "mode": tally.mode,
+                    "warcore_ns": tally.ns,
+                    "points_ns": tally.points,
+                    "calls": tally.calls,
+                    "batch_ns": batch_ns,
+                    "floor_ns": _floor(tally),
                 }
-                _local.batch_start = None
+                tally.batch_start = None
                 _write(file, record)
 
     metered_run_batch.__warcore_original__ = run_batch  # type: ignore[attr-defined]

@@ -5,22 +5,23 @@ state (a per-step answer on some workers). warcore's event owner
 (:meth:`warcore.core.DecisionCache.event_owner`) names one from (algorithm, facts read off the
 worker). warcore can only take the owner away, never move it: which runner reads last cannot be
 proven from (algorithm, facts) alone. So the patched property asks sglang's own getter first;
-when warcore's owner is that very runner, it is the answer; otherwise (warcore names no owner,
-or another runner) the property returns a runner whose event is always ``None``
-(:class:`_NoEvent`): the barrier is coarse, and no stale event of the step's runners may
-outlive it.
+when warcore's owner is that very runner, and the release's runner in that role publishes only
+through patched points, it is the answer; otherwise (warcore names no owner, or another
+runner, or a role whose publish no patched point reaches: 0.5.21's EAGLE draft-extend runner
+publishes before its replay without asking any declaration) the property returns a runner
+whose event is always ``None`` (:class:`_NoEvent`): the barrier is coarse, and no stale event
+of the step's runners may outlive it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
 from warcore import StepFacts
 from warcore.core import get_decision_cache
 
-from .. import _sglang
+from ..declarations import oracle
 from . import _state
 from ._identity import process_algorithm
 
@@ -41,8 +42,9 @@ _NO_EVENT = _NoEvent()
 
 
 def _worker_runners(worker: Any) -> tuple[Any, Any]:
-    """(target runner, draft runner or None) of a worker."""
-    state = worker.__dict__
+    """(target runner, draft runner or None) of a worker, from its own attributes (some
+    workers hand every attribute they lack to their target worker: ``__getattr__``)."""
+    state = vars(worker)
     target_worker = state.get("_target_worker")
     target = target_worker.model_runner if target_worker is not None else state.get("_model_runner")
     drafter = state.get("_draft_worker")
@@ -54,38 +56,43 @@ _OWN = "own"
 """warcore's owner where it cannot name the worker's algorithm: sglang's own."""
 
 
-def _owner_name(worker: Any, facts: StepFacts) -> str | None:
+def _owner_role(worker: Any, facts: StepFacts) -> str | None:
     """``"target"``, ``"draft"``, :data:`_OWN`, or ``None`` (no owner) for this worker's
     algorithm under ``facts``."""
     target, _ = _worker_runners(worker)
     algo = getattr(target, "spec_algorithm", None)
-    name = _sglang.warcore_algorithm(algo if algo is not None else process_algorithm())
+    name = oracle.warcore_algorithm(algo if algo is not None else process_algorithm())
     if name is None:
         return _OWN
     return get_decision_cache(_state.pm()).event_owner(name, facts).owner
 
 
 def _warcore_runner(worker: Any, own: Any) -> Any:
-    """The runner warcore's event owner names for this worker's step (``None``: no owner),
-    remembered per worker and facts until warcore's plugins or switches change."""
-    state = worker.__dict__
-    drafter = state.get("_draft_worker")
-    key = (drafter is not None, bool(getattr(drafter, "last_draft_extend_staged", False)))
-    cached = state.get(_state.OWNER)
-    if cached is None or cached[0] != _state.gen:
-        cached = state[_state.OWNER] = (_state.gen, {})
-        with contextlib.suppress(TypeError):
-            _state.CACHED.add(worker)
-    owner = cached[1].get(key, _MISSING)
-    if owner is _MISSING:
-        owner = cached[1][key] = _owner_name(worker, StepFacts(*key))
-    if owner == _OWN:
-        return own
+    """The runner warcore's event owner names for this worker's step (``None``: no owner, or
+    a role whose runner publishes where no patched point reaches), remembered on the worker
+    per facts. A worker without a drafter has one set of facts: where warcore's runner is
+    sglang's there, ``own`` is remembered under :data:`_SAME` (the property's hit)."""
+    drafter = vars(worker).get("_draft_worker")
+    staged = bool(getattr(drafter, "last_draft_extend_staged", False))
+    key = ("owner", drafter is not None, staged)
+    mine = _state.cached(worker, key, lambda: _runner_for(worker, key[1], key[2]))
+    mine = own if mine is _OWN else mine
+    if mine is own and drafter is None:
+        _state.cached(worker, _SAME, lambda: own)
+    return mine
+
+
+_SAME = "owner-is-sglangs"
+"""The cache key of a drafter-less worker's runner that warcore's owner and sglang's agree on."""
+
+
+def _runner_for(worker: Any, has_draft: bool, staged: bool) -> Any:
+    role = _owner_role(worker, StepFacts(has_draft, staged))
+    state = _state.current
+    if role == _OWN or state is None or role in state.release.unbounded_owners:
+        return _OWN if role == _OWN else None
     target, draft = _worker_runners(worker)
-    return target if owner == "target" else draft if owner == "draft" else None
-
-
-_MISSING = object()
+    return target if role == "target" else draft if role == "draft" else None
 
 
 def _coarse(worker: Any, own: Any) -> _NoEvent:
@@ -104,20 +111,28 @@ class _PatchedProperty(property):
 def make_owner_property(original: property) -> property:
     fget = original.fget
     assert fget is not None
+    getattribute, cache = object.__getattribute__, _state.CACHE
 
     def last_shared_read_runner(self: Any) -> Any:
-        if _state.current is None or _sglang.in_tree_active():
-            return fget(self)
-        own = _sglang.own(fget, self)  # sglang's answer for this step, from its live state
+        # sglang's answer for this step, from its live state (a getter asks no patched point:
+        # digested, or, for a worker not audited, bounded in turn)
+        own = fget(self)
+        try:  # the hit: what sglang names is warcore's owner too (never there when inactive)
+            if getattribute(self, cache)[_SAME] is own:
+                return own
+        except (AttributeError, KeyError):
+            pass
+        if _state.current is None or oracle.in_tree_active():
+            return own
         try:
-            ours = _warcore_runner(self, own)
+            mine = _warcore_runner(self, own)
         except Exception as exc:
             what = f"the event owner of {type(self).__qualname__}"
             _state.log_failure(("owner-failed", type(self)), what, exc, "no owner (coarse barrier)")
             return _coarse(self, own)
-        if ours is own:
+        if mine is own:
             return own
-        if ours is not None:
+        if mine is not None:
             _state.log_once(
                 ("owner-differs", type(self)),
                 logging.WARNING,

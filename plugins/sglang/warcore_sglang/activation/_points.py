@@ -1,22 +1,23 @@
-"""The patched declaration points: sglang's own answer first, then warcore's, then the bound.
+"""The patched declaration points: sglang's own answer, warcore's, the bound; each once.
 
 Each ``make_*`` takes the attribute sglang defined and returns its replacement, which reads
 down one way:
 
-1. while the activation is off, or the oracle asks sglang (``_sglang.in_tree()``): sglang's
+1. while the activation is off, or the oracle asks sglang (``oracle.in_tree()``): sglang's
    original, and nothing else;
 2. sglang's own answer for this very call: the original, called with the arguments as given,
-   under ``in_tree()`` (so what it asks of other patched points is sglang's own too);
-3. warcore's answer (:mod:`._answers`: the plugins' declarations for the backend's warcore
-   name, its vetoes, force-coarse, the publish phase);
-4. the bound: the later of the two (``SharedReadEnds.max_of``). warcore can only make a
-   decision later (or coarse), never earlier than sglang would make it on the same call.
+   under ``in_tree()`` (so what it asks of other patched points is sglang's own too), on every
+   call (0.5.21's and 0.5.22's dsv4 declares per batch);
+3. warcore's answer (:func:`._answers.ours`, remembered on the instance: the plugins'
+   declarations for the backend's warcore name, its vetoes, force-coarse, the publish phase);
+4. :func:`._answers.bound`, the later of the two: warcore can only make a decision later (or
+   coarse), never earlier than sglang would make it on the same call.
 
 A failure in step 3 never reaches sglang: it is logged once and answered UNKNOWN (a coarse
-fence). The decode runner asks on every ``execute``, so its answer is remembered per runner:
-one attribute read and one dict lookup (``python -m warcore_sglang.bench`` measures it against
-an empty method), forgotten whenever warcore's plugins or switches change or the runner plants
-its in-graph event.
+fence). The decode runner asks on every ``execute``, so its bounded answer is remembered per
+runner (one attribute read and one dict lookup; ``python -m warcore_sglang.serving.bench``
+measures it against an empty method), taken off whenever warcore's plugins or switches change
+or the runner plants its in-graph event.
 """
 
 from __future__ import annotations
@@ -27,30 +28,19 @@ from typing import Any
 
 from warcore import ForwardMode
 from warcore.core import resolve_war_publish_phase
+from warcore.integration.patching import wrap
 
-from .. import _sglang
-from .._names import TAG, warcore_name
+from ..declarations import oracle
+from ..declarations.names import TAG, warcore_name
+from ..settings import DEFAULT
 from . import _state
-from ._answers import base_module, decide_ends, prefill_decision, prefill_opt_out
-from ._machinery import wrap
-from ._state import CACHED, FAST, PREFILL, PUBLISH, SRE, TABLE
+from ._answers import bound, ours, prefill_decision, prefill_opt_out, sglang_ends
+from ._state import CACHED, FAST, TABLE
 
 
-def _store(holder: Any, key: str, gen: int, field_: Any, value: Any) -> None:
-    with _state.lock:
-        if gen != _state.gen:
-            return  # plugins changed while this was resolved: never keep an older answer
-        cached = holder.__dict__.get(key)
-        if cached is None or cached[0] != gen:
-            cached = (gen, {})
-            holder.__dict__[key] = cached
-            with contextlib.suppress(TypeError):  # a class without weak references
-                CACHED.add(holder)
-        cached[1][field_] = value
-
-
-def _later(own: Any, ours: Any) -> Any:
-    return base_module().SharedReadEnds.max_of([own, ours])
+def _unknown(key: tuple[Any, ...], what: str, exc: Exception) -> Any:
+    _state.log_failure(key, what, exc, "UNKNOWN (coarse fence)")
+    return sglang_ends().UNKNOWN
 
 
 # -- a backend's declaration ----------------------------------------------------------------
@@ -58,24 +48,15 @@ def _later(own: Any, ours: Any) -> Any:
 
 def make_shared_read_ends(original: Callable[..., Any]) -> Callable[..., Any]:
     def shared_read_ends(self: Any, fm: Any) -> Any:
-        if _state.current is None or _sglang.in_tree_active():
+        if _state.current is None or oracle.in_tree_active():
             return original(self, fm)
-        cached = self.__dict__.get(SRE)
-        if cached is not None and cached[0] == _state.gen:
-            ends = cached[1].get(fm)
-            if ends is not None:
-                return ends
-        gen = _state.gen
-        own = _sglang.own(original, self, fm)
+        own = oracle.own(original, self, fm)
         try:
-            ends = decide_ends(self, fm, own)  # warcore's answer, never earlier than own
+            return bound(own, ours(self, fm))
         except Exception as exc:
             mode = getattr(fm, "name", fm)  # sglang's ForwardMode is an IntEnum: its name
             what = f"resolving {type(self).__qualname__}.shared_read_ends({mode})"
-            _state.log_failure(("failed", type(self), fm), what, exc, "UNKNOWN (coarse fence)")
-            return base_module().SharedReadEnds.UNKNOWN
-        _store(self, SRE, gen, fm, ends)
-        return ends
+            return _unknown(("failed", type(self), fm), what, exc)
 
     return wrap(shared_read_ends, original)
 
@@ -83,64 +64,113 @@ def make_shared_read_ends(original: Callable[..., Any]) -> Callable[..., Any]:
 # -- the prefill: per batch -----------------------------------------------------------------
 
 
+def _prefill_mine(backend: Any, snapshot: bool) -> Any:
+    """warcore's answer for a prefill batch of ``backend`` (``snapshot``: sglang's answer is
+    its per-batch refinement of its own static one, which then stands for it; the other
+    plugins' answers still bound it): remembered on the backend, but under
+    ``WARCORE_SGLANG_PREFILL_SWITCH=main``, whose opt-out is read per batch as sglang reads its
+    own switch."""
+    state = _state.current
+    if state is not None and state.prefill_switch != DEFAULT:
+        if not prefill_opt_out().on:
+            return sglang_ends().UNKNOWN
+        return _prefill_static(backend, snapshot)
+    key = _SNAPSHOT if snapshot else _STATIC
+    return _state.cached(backend, key, lambda: _prefill_static(backend, snapshot))
+
+
+_SNAPSHOT, _STATIC = "prefill-snapshot", "prefill-static"
+
+
+def _prefill_static(backend: Any, snapshot: bool) -> Any:
+    closed, static, others = prefill_decision(backend)
+    if closed is not None:
+        return sglang_ends().UNKNOWN
+    return others if snapshot else static
+
+
 def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
+    """sglang 0.5.23's ``resolve_prefill_shared_read_ends``: its gates, switches and per-batch
+    snapshot as shipped, bounded. Once per prefill batch, in a scheduler whose caches hold the
+    forward's data: :func:`oracle.own`, the cache read and :func:`bound` are written inline
+    (every call and lookup costs there; ``WARCORE_SGLANG_METER`` measures it)."""
+    tree, getattribute, cache = oracle.TREE, object.__getattribute__, _state.CACHE
+
     def resolve_prefill_shared_read_ends(
         self: Any, forward_batch: Any, *args: Any, **kw: Any
     ) -> Any:
-        if _state.current is None or _sglang.in_tree_active():
+        if _state.current is None or getattr(tree, "depth", 0) > 0:
             return original(self, forward_batch, *args, **kw)
-        # sglang's gates, switches and per-batch snapshot, as shipped
-        own = _sglang.own(original, self, forward_batch, *args, **kw)
+        tree.depth = 1
         try:
-            return _later(own, _prefill_ends(self, own, kw.get("build_snapshot", True)))
-        except Exception as exc:
-            what = f"the prefill decision of {type(self).__qualname__}"
-            _state.log_failure(("prefill-failed", type(self)), what, exc, "UNKNOWN (coarse fence)")
-            return base_module().SharedReadEnds.UNKNOWN
+            own = original(self, forward_batch, *args, **kw)
+        finally:
+            tree.depth = 0
+        snapshot = kw.get("build_snapshot", True)
+        try:
+            mine = getattribute(self, cache)[_SNAPSHOT if snapshot else _STATIC]
+        except (AttributeError, KeyError):
+            try:
+                mine = _prefill_mine(self, snapshot)
+            except Exception as exc:
+                what = f"the prefill decision of {type(self).__qualname__}"
+                return _unknown(("prefill-failed", type(self)), what, exc)
+        return own if own._value_ >= mine._value_ else mine
 
     return wrap(resolve_prefill_shared_read_ends, original)
 
 
-def _prefill_ends(backend: Any, own: Any, snapshot: bool) -> Any:
-    """warcore's answer for a prefill batch sglang answered ``own`` for."""
-    unknown = base_module().SharedReadEnds.UNKNOWN
-    if own is unknown or not prefill_opt_out().on:
-        return unknown
-    cached = backend.__dict__.get(PREFILL)
-    if cached is not None and cached[0] == _state.gen:
-        decision = cached[1]["decision"]
-    else:
-        gen = _state.gen
-        decision = prefill_decision(backend)
-        _store(backend, PREFILL, gen, "decision", decision)
-    closed, static, others = decision
-    if closed is not None:
-        return unknown
-    # The snapshot path: sglang's per-batch answer stands for sglang's own static one, which
-    # it refines (dsv4 snapshots the batch's page table); another plugin's answer still bounds
-    # it. The static path: warcore's static answer.
-    return others if snapshot else static
+def make_prefill_publisher(original: Callable[..., Any]) -> Callable[..., Any]:
+    """sglang 0.5.21's and 0.5.22's ``maybe_publish_prefill_shared_read_done(model_runner,
+    forward_batch, device_module)``, which decides and publishes in one: sglang's own decision
+    runs (its opt-in, the mode, the backend's live declaration for this batch, the algorithm);
+    an event it published stays only if warcore's answer for the batch is PRE_REPLAY too, else
+    the mailbox is emptied (a coarse barrier). warcore never publishes where sglang did not."""
+
+    def maybe_publish_prefill_shared_read_done(
+        model_runner: Any, forward_batch: Any, device_module: Any
+    ) -> Any:
+        if _state.current is None or oracle.in_tree_active():
+            return original(model_runner, forward_batch, device_module)
+        before = model_runner.shared_read_done_event
+        result = oracle.own(original, model_runner, forward_batch, device_module)
+        published = model_runner.shared_read_done_event
+        if published is None or published is before:
+            return result  # sglang published nothing: nothing to bound
+        backend = model_runner.attn_backend
+        try:
+            keep = _prefill_mine(backend, snapshot=True) is sglang_ends().PRE_REPLAY
+        except Exception as exc:
+            _unknown(("publisher-failed", type(backend)), "the prefill publish decision", exc)
+            keep = False
+        if not keep:
+            model_runner.shared_read_done_event = None
+        return result
+
+    return wrap(maybe_publish_prefill_shared_read_done, original)
 
 
 def make_supports_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     def supports_prefill_shared_read_done(self: Any) -> bool:
         own = bool(original(self))
-        if not own or _state.current is None or _sglang.in_tree_active():
+        if not own or _state.current is None or oracle.in_tree_active():
             return own  # sglang's own "no" is never turned into a "yes"
-        answer = PUBLISH.get(self)
-        if answer is not None:
-            return answer
-        name = _sglang.warcore_algorithm(self)
-        if name is None:
-            return own
-        gen = _state.gen
-        answer = resolve_war_publish_phase(name, ForwardMode.EXTEND, pm=_state.pm()).publishes
-        with _state.lock:
-            if gen == _state.gen:
-                PUBLISH[self] = answer
-        return answer
+        try:
+            return object.__getattribute__(self, _state.CACHE)[_PUBLISHES]  # type: ignore[no-any-return]
+        except (AttributeError, KeyError):
+            return _state.cached(self, _PUBLISHES, lambda: _publishes(self, own))
 
     return wrap(supports_prefill_shared_read_done, original)
+
+
+_PUBLISHES = "publishes"
+
+
+def _publishes(algo: Any, own: bool) -> bool:
+    name = oracle.warcore_algorithm(algo)
+    if name is None:
+        return own
+    return resolve_war_publish_phase(name, ForwardMode.EXTEND, pm=_state.pm()).publishes
 
 
 # -- the decode runner: on every replay -----------------------------------------------------
@@ -148,10 +178,10 @@ def make_supports_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def make_resolve_decode(original: Callable[..., Any]) -> Callable[..., Any]:
     def _resolve_shared_read_ends(self: Any, attn_backend: Any, forward_mode: Any) -> Any:
-        # The runner's answers for its own backend, by mode: one dict lookup. Only a runner
-        # that always passes its own backend has them (not pdmux; the gate checks that sglang
-        # sets the backend once and passes it: _shape.check_runner_class). An UNKNOWN is never
-        # there: it clears the mailbox on every replay.
+        # The runner's bounded answers for its own backend, by mode: one dict lookup. Only a
+        # runner that always passes its own backend has them (not pdmux; the gate checks that
+        # sglang sets the backend once and passes it). An UNKNOWN is never there: it clears
+        # the mailbox on every replay.
         try:
             return self._warcore_sglang_fast[forward_mode]
         except (AttributeError, KeyError):
@@ -161,32 +191,33 @@ def make_resolve_decode(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _decode(runner: Any, backend: Any, mode: Any, original: Callable[..., Any]) -> Any:
-    if _state.current is None or _sglang.in_tree_active():
+    if _state.current is None or oracle.in_tree_active():
         return original(runner, backend, mode)
-    unknown = base_module().SharedReadEnds.UNKNOWN
+    ends = sglang_ends()
     table = getattr(runner, TABLE, None)
-    ends = table.get(backend, {}).get(mode) if table is not None else None
-    if ends is None:
-        gen = _state.gen
-        own = _sglang.own(original, runner, backend, mode)
+    found = table.get(backend, {}).get(mode) if table is not None else None
+    if found is None:
+        tag = _state.tag()
+        own = oracle.own(original, runner, backend, mode)  # sglang's, its demotion included
         try:
-            ends = _later(own, backend.shared_read_ends(mode))  # warcore's, through its patch
+            mine = ours(backend, mode)
+            if mine is ends.IN_REPLAY and runner.in_graph_metadata_prep_done is None:
+                mine = ends.POST_REPLAY  # no in-graph event: only a post-replay one covers it
+            found = bound(own, mine)
         except Exception as exc:
-            what = f"the decode decision of {type(runner).__qualname__}"
-            _state.log_failure(("decode-failed", type(backend)), what, exc, "UNKNOWN (coarse)")
-            ends = unknown
-        _remember(runner, backend, mode, ends, gen)
-    if ends is unknown:
+            found = _unknown(("decode-failed", type(backend)), "the decode decision", exc)
+        _remember(runner, backend, mode, found, tag)
+    if found is ends.UNKNOWN:
         _clear(runner)
-    return ends
+    return found
 
 
-def _remember(runner: Any, backend: Any, mode: Any, ends: Any, gen: int) -> None:
+def _remember(runner: Any, backend: Any, mode: Any, ends: Any, tag: tuple[int, int]) -> None:
     # getattr and setattr, never the instance's __dict__: reading it turns the object's
     # attributes into a plain dict, and every attribute read on the replay path gets slower
-    unknown = base_module().SharedReadEnds.UNKNOWN
+    unknown = sglang_ends().UNKNOWN
     with _state.lock:
-        if gen != _state.gen:
+        if tag != _state.tag():
             return
         try:
             CACHED.add(runner)  # invalidation must be able to find it: no weakref, no cache
@@ -233,9 +264,9 @@ def make_builder(original: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(name, str) and _state.current is not None:
             with contextlib.suppress(Exception):
                 wname = warcore_name(name)
-                backend.__dict__[TAG] = wname
-                if _sglang.class_ref(wname) is None:  # an sglang plugin's backend: learn its class
-                    _sglang.learn(wname, type(backend))
+                setattr(backend, TAG, wname)
+                if oracle.class_ref(wname) is None:  # an sglang plugin's backend: its class
+                    oracle.learn(wname, type(backend))
                     _state.invalidate()
         return backend
 

@@ -27,8 +27,8 @@ from typing import Any
 from warcore import BoundaryContext, ForwardMode
 from warcore.core import WarcorePluginManager, get_plugin_manager, get_registry
 
-from .. import _sglang
-from .._rank_settings import ENV_TIMEOUT, check_ranks_mode, timeout_s
+from ..declarations import oracle
+from ..settings import ENV_TIMEOUT, check_ranks_mode, timeout_s
 from . import _state
 from ._identity import offload_flags, process_algorithm
 
@@ -48,11 +48,20 @@ _MODES = (
 
 _requested: bool | None = None
 """``install(check_ranks=...)``; ``None``: ``WARCORE_SGLANG_CHECK_RANKS`` decides."""
+refused: str | None = None
+"""Why this rank's sglang release was refused, while a refused rank still joins the check
+(so that the others refuse naming both releases, instead of waiting for it to time out)."""
 
 
-def set_requested(check_ranks: bool | None) -> None:
-    global _requested
-    _requested = check_ranks
+def set_requested(check_ranks: bool | None, why_refused: str | None = None) -> None:
+    global _requested, refused
+    _requested, refused = check_ranks, why_refused
+
+
+def requested(check_ranks: bool | None) -> bool:
+    """Whether the rank check is asked for (``install(check_ranks=...)``, else the variable)."""
+    mode, _ = check_ranks_mode(os.environ)
+    return bool(check_ranks) or (check_ranks is None and mode is not None)
 
 
 def _mode() -> str | None:
@@ -108,7 +117,7 @@ def rank_cells(
     if cells:
         return cells
     pm = pm if pm is not None else get_plugin_manager()
-    name = _sglang.warcore_algorithm(process_algorithm()) or "none"
+    name = oracle.warcore_algorithm(process_algorithm()) or "none"
     ctx = BoundaryContext(name, offload_flags())
     backends = sorted(
         n for n, offer in get_registry(pm).backends.items() if offer.spec.engine == "sglang"
@@ -119,8 +128,10 @@ def rank_cells(
 def _fact() -> str:
     state = _state.current
     if state is not None:
-        return f"active on audited sglang {state.version}"
-    return f"off: {_state.degraded_check or 'not installed'}"
+        return f"active on audited sglang {state.release.version}"
+    if refused is not None:
+        return f"refused: sglang {oracle.installed_version()} is not an audited release"
+    return f"off: {_state.activation.degraded_check or 'not installed'}"
 
 
 def _check_ranks(*, raise_on_mismatch: bool, scheduler: Any = None) -> Any:
@@ -188,7 +199,8 @@ def check_if_requested(scheduler: Any = None) -> None:
     the activation took itself off: that rank joins, and differs); one line says what it cost
     of this scheduler's start-up."""
     mode = _mode()
-    if mode is None or (_state.current is None and _state.degraded_check is None):
+    off = _state.current is None and _state.activation.degraded_check is None
+    if mode is None or (off and refused is None):
         return
     began = time.monotonic()
     report = _check_ranks(raise_on_mismatch=mode != "warn", scheduler=scheduler)

@@ -1,11 +1,21 @@
-"""The activation's one process-wide state, and the generation every cached answer carries.
+"""The activation's one process-wide state, and its one cache.
 
-Patched declaration points run on sglang's hot paths (the decode runner asks on every
-``execute``), so they cache their answers: per instance, and in two process-wide dicts. A cache
-entry is only good for the generation it was computed in; :func:`invalidate` bumps the
-generation whenever warcore's plugins or switches change (the manager's change listener), so
-no answer outlives the configuration it was resolved under. Other modules read ``current`` and
-``gen`` as attributes of this module (never ``from ... import``: they are rebound).
+The life cycle (install, settle, take off, restore) is warcore's
+(:class:`warcore.integration.Activation`, here :data:`activation`); what warcore-sglang adds
+is :class:`State`: the release in force, the plugin manager it consults, the switches read at
+install, and the cells the ranks disagree on.
+
+Patched points run on sglang's hot paths, so warcore's answers are remembered on the objects
+they are for: on each backend, algorithm and worker, one attribute (:data:`CACHE`) holding
+``{key: answer}``, taken off every object whenever the tag moves (:func:`tag`: the core plugin
+manager's generation, which moves whenever a plugin or a switch changes, through its change
+listener; and this module's ``epoch``, which moves when warcore-sglang itself learns something
+that changes an answer: a rank disagreement, a backend class learned at run time); an answer is
+kept only if the tag did not move while it was computed. Only warcore's answers are kept there,
+never sglang's own: sglang is asked on every call (a declaration of 0.5.21 or 0.5.22 changes
+per batch). The decode runner's per-replay dict (:data:`FAST`) is the bounded answer itself,
+for its own backend by mode (its declaration is audited as a function of the runner and the
+mode), taken off in the same way.
 """
 
 from __future__ import annotations
@@ -13,115 +23,137 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from warcore.core import WarcorePluginManager, get_plugin_manager
+from warcore.integration import Activation
 
-from .._post_import import PostImportFinder
-from .._prefill_switch import DEFAULT
+from ..declarations import oracle
+from ..releases import SglangRelease
+from ..settings import DEFAULT
 
-MISSING = object()
-"""A patched attribute's original when the owner inherited it (restored by deleting it)."""
-SRE = "_warcore_sglang_sre"
-"""A backend's cached ``shared_read_ends`` answers."""
-PREFILL = "_warcore_sglang_prefill"
-"""A backend's cached prefill decision."""
-TABLE = "_warcore_sglang_table"
-"""A decode runner's answers: backend -> mode -> ends."""
+logger = logging.getLogger("warcore.sglang")
+
+CACHE = "_warcore_sglang"
+"""warcore's answers for an object: ``{key: answer}``."""
 FAST = "_warcore_sglang_fast"
-"""A decode runner's answers for its own backend: mode -> ends (UNKNOWN left out)."""
-OWNER = "_warcore_sglang_owner"
-"""A worker's event owners: (generation, (has draft, staged) -> owner name)."""
-PER_INSTANCE = (SRE, PREFILL, TABLE, FAST, OWNER)
+"""A decode runner's bounded answers for its own backend: mode -> ends (UNKNOWN left out)."""
+TABLE = "_warcore_sglang_table"
+"""A decode runner's bounded answers for any backend: backend -> mode -> ends."""
+
+T = TypeVar("T")
 
 
-@dataclass
-class Patch:
-    owner: Any
-    attr: str
-    original: Any  # vars(owner)[attr], or MISSING when the attribute was inherited
+def describe_sglang() -> str:
+    """``sglang <version> at <folder> (commit <id>)``: which sglang this process runs."""
+    import importlib.util
+    import os
+
+    version = oracle.installed_version()
+    spec = importlib.util.find_spec("sglang")
+    where = os.path.dirname(spec.origin) if spec is not None and spec.origin else "(not importable)"
+    module = sys.modules.get("sglang._version")
+    commit = getattr(module, "__commit_id__", None) if module is not None else None
+    return f"sglang {version} at {where} (commit {commit or 'unknown'})"
+
+
+activation = Activation(
+    "warcore-sglang", logger, describe_sglang, "sglang's own barrier decisions apply"
+)
+"""The life cycle: which release is installed, what is patched, settled or taken off."""
 
 
 @dataclass
 class State:
+    release: SglangRelease
     pm: WarcorePluginManager
-    patches: list[Patch] = field(default_factory=list)
-    finder: PostImportFinder | None = None
     plugin_names: frozenset[str] = frozenset()
+    """The names warcore-sglang's own plugin is registered under (its answers are sglang's)."""
     prefill_switch: str = DEFAULT
-    """``WARCORE_SGLANG_PREFILL_SWITCH`` as read at install (:mod:`.._prefill_switch`)."""
-    version: str = ""
-    """The audited sglang version installed (the key of ``_names.AUDITED`` the gate checks)."""
-    pending: set[str] = field(default_factory=set)
-    """The watched modules not checked and patched yet."""
-    settled: bool = False
-    """Every watched module is checked and patched (said once)."""
-    on_settled: Callable[[str | None], None] | None = None
-    """Told once: ``None`` when every watched module is patched, else why warcore is off."""
-    seconds: float = 0.0
-    """warcore-sglang's time in this process after :func:`install` returned: checking and
-    patching the watched modules as sglang imports them, and the checkpoint."""
+    """``WARCORE_SGLANG_PREFILL_SWITCH`` as read at install."""
     coarse: frozenset[Any] = frozenset()
     """(backend name, mode) cells the ranks disagree on under ``WARCORE_SGLANG_CHECK_RANKS=warn``
     (``"*"``: every cell): coarse in this process."""
     meter: str | None = None
     """``WARCORE_SGLANG_METER``'s file: every patched point timed, one line per batch."""
-    on_failure: Callable[[str, Exception], None] | None = None
-    """What a failed check or patch calls (the activation then takes itself off)."""
 
 
-lock = threading.RLock()
+lock = activation.lock
 current: State | None = None
-"""The installed activation; ``None`` when not installed (every patch passes through)."""
-degraded_check: str | None = None
-"""The check that failed where the activation took itself off in this process, or ``None``
-(the same on every rank where it fails, unlike the start-up line, which names where sglang is
-installed)."""
-gen = 0
-"""Bumped when warcore's plugins or switches change: every cached answer of an older
-generation is recomputed on next use."""
-PUBLISH: dict[Any, bool] = {}
-"""sglang algorithm -> warcore's publish phase for EXTEND."""
+"""The installed activation's state; ``None`` when not installed (every patch passes through).
+Other modules read it as an attribute of this module (it is rebound)."""
+epoch = 0
 CACHED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""Backends and decode runners holding a per-instance cache: a change or uninstalling takes it
-off them again."""
+"""Objects holding a cache or a decode runner's dicts: a change takes them off again."""
 
 
-def forget(holder: Any, keys: tuple[str, ...]) -> None:
-    """Take cached answers off ``holder`` (``delattr``: never through its ``__dict__``, which
-    would slow every later attribute read of a runner)."""
+def tag() -> tuple[int, int]:
+    state = current
+    return (state.pm.generation if state is not None else -1, epoch)
+
+
+def cached(holder: Any, key: Any, compute: Callable[[], T]) -> T:
+    """warcore's answer ``key`` for ``holder``: one attribute read and one dict lookup once
+    computed. The dict is taken off every holder whenever the tag moves (:func:`invalidate`),
+    and an answer computed while it moved is returned, never kept. Read with
+    ``object.__getattribute__``: a worker that hands the attributes it lacks to its target
+    worker (``__getattr__``) must not answer with its target's cache; never through
+    ``__dict__``, whose reading would make every later attribute read of a hot object
+    slower."""
+    try:
+        return object.__getattribute__(holder, CACHE)[key]  # type: ignore[no-any-return]
+    except (AttributeError, KeyError):
+        pass
+    now = tag()
+    value = compute()
+    with lock:
+        if tag() != now or current is None:
+            return value
+        try:
+            answers = object.__getattribute__(holder, CACHE)
+        except AttributeError:
+            answers = {}
+            try:
+                CACHED.add(holder)  # invalidation must find it: no weak reference, no cache
+                setattr(holder, CACHE, answers)
+            except (AttributeError, TypeError):  # a holder without attributes or weak refs
+                return value
+        answers[key] = value
+    return value
+
+
+def forget(holder: Any, keys: tuple[str, ...] = (FAST, TABLE, CACHE)) -> None:
+    """Take cached answers off ``holder`` (``delattr``, never through its ``__dict__``)."""
     for key in keys:
         with contextlib.suppress(AttributeError):
             delattr(holder, key)
 
 
-def invalidate() -> None:
-    """Forget every cached answer: the decode runners' tables at once (their fast path checks
-    nothing else), the per-backend ones by generation."""
-    global gen
+def invalidate(*, learned: bool = True) -> None:
+    """Every remembered answer is stale: taken off every object holding one (``learned``:
+    warcore-sglang's own epoch moves too, for what the core's generation does not see)."""
+    global epoch
     with lock:
-        gen += 1
-        PUBLISH.clear()
+        if learned:
+            epoch += 1
         for holder in list(CACHED):
-            forget(holder, (FAST, TABLE))
+            forget(holder)
 
 
 def drop_caches() -> None:
-    """Take every per-instance cache off the objects holding one."""
+    """Take every remembered answer off the objects holding one (taking off, uninstalling)."""
     with lock:
         invalidate()
-        for holder in list(CACHED):
-            forget(holder, PER_INSTANCE)
         CACHED.clear()
 
 
 def on_change() -> None:
+    """The core's plugins or switches changed (its listener): the generation moved already."""
     if current is not None:
-        invalidate()
+        invalidate(learned=False)
 
 
 def pm() -> WarcorePluginManager:
@@ -142,7 +174,7 @@ def pm() -> WarcorePluginManager:
 
 def sglang_plugin_names(manager: WarcorePluginManager) -> frozenset[str]:
     """The names warcore-sglang's own plugin is registered under (its answers are sglang's)."""
-    module = sys.modules.get("warcore_sglang.plugin")
+    module = sys.modules.get("warcore_sglang.declarations.plugin")
     return frozenset(name for name, plugin in manager.list_name_plugin() if plugin is module)
 
 

@@ -1,0 +1,290 @@
+"""The sglang releases warcore-sglang audited, as data: one entry per release, each derived from
+the nearest one with what differs. Pure data (importing this imports nothing of sglang, nor
+torch); one code path reads it (the gate picks the installed release's entry exactly, the
+activation patches what its entry watches, the plugin names what its registry builds).
+
+Per release: the relied-on functions (signature, digest of the definition:
+:mod:`warcore.integration.engine_code`), every watched module with its check-and-patch step
+(the step names are the activation's, :data:`warcore_sglang.activation.STEPS`), the structural
+checks, and what the declarations need that differs (where the prefill is decided, which
+publishes no patched point reaches, the attention registry). How to add a release:
+docs/releases.md, "Adding an engine release"; ``warcore release sglang VERSION`` drafts the
+entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from warcore.integration.checks import (
+    AssignedOnlyIn,
+    Attributes,
+    Calls,
+    CallsWith,
+    Check,
+    ClassTree,
+    Globals,
+    InstanceAttribute,
+    Members,
+    NotRedefined,
+)
+from warcore.integration.releases import Engine, Release, by_version
+
+__all__ = ["ENGINE", "RELEASES", "SglangRelease"]
+
+S = "sglang.srt."
+
+
+@dataclass(frozen=True)
+class SglangRelease(Release):
+    prefill: str = "resolver"
+    """Who decides a prefill publish: ``resolver`` (``AttentionBackend.
+    resolve_prefill_shared_read_ends``, per batch) or ``publisher`` (the module function
+    ``maybe_publish_prefill_shared_read_done(model_runner, forward_batch, device_module)``,
+    asking the backend's ``shared_read_ends(EXTEND)`` at publish time)."""
+    prefill_switch_default: bool = True
+    """``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``'s default (``EnvBool``)."""
+    unbounded_owners: frozenset[str] = frozenset()
+    """Owner roles (``draft``) whose runner publishes without asking any patched point: with
+    warcore active, a step owned by one is coarse."""
+    decode_unmarked: str = "POST_REPLAY"
+    """What sglang's decode runner answers for a declared ``IN_REPLAY`` without its in-graph
+    marker (``PRE_REPLAY`` in 0.5.21: earlier than declared; warcore answers POST_REPLAY)."""
+    registry: Mapping[str, str] = field(default_factory=dict)
+    """Each name of the release's attention registry (``ATTENTION_BACKENDS``) -> the class its
+    factory builds on CUDA (``module:Class``, relative to ``sglang.srt``). Which class
+    *declares* is asked of that class (its MRO); this only says which class a name builds
+    (tests check each factory names its class)."""
+    leaves_missing: frozenset[str] = frozenset()
+    """Backends of :data:`warcore_sglang._names.LEAVES` this release does not have."""
+    plugin_processes: frozenset[str] = frozenset(
+        {"launcher", "engine", "scheduler", "detokenizer", "dp-controller"}
+    )
+    """The processes that call ``load_plugins()`` (so say a start-up line)."""
+
+
+_REGISTRY_0_5_23: dict[str, str] = {
+    "flashinfer": "layers.attention.flashinfer_backend:FlashInferAttnBackend",
+    "llada2_cfg_flashinfer": (
+        "layers.attention.llada2_cfg_flashinfer_backend:LLaDA2CFGFlashInferAttnBackend"
+    ),
+    "trtllm_mla": "layers.attention.trtllm_mla_backend:TRTLLMMLABackend",
+    "cutedsl_mla": "layers.attention.cutedsl_mla_backend:CuteDslMLABackend",
+    "aiter": "layers.attention.aiter_backend:AiterAttnBackend",
+    "wave": "layers.attention.wave_backend:WaveAttnBackend",
+    "ascend": "hardware_backend.npu.attention.ascend_backend:AscendAttnBackend",
+    "dsa": "layers.attention.dsa_backend:DeepseekSparseAttnBackend",
+    "qsa": "layers.attention.qwen_sparse_attn_backend:QwenSparseAttnBackend",
+    "nsa": "layers.attention.dsa_backend:DeepseekSparseAttnBackend",
+    "dsv4": "layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend",
+    "triton": "layers.attention.triton_backend:TritonAttnBackend",
+    "torch_native": "layers.attention.torch_native_backend:TorchNativeAttnBackend",
+    "flex_attention": "layers.attention.torch_flex_backend:TorchFlexAttnBackend",
+    "flashmla": "layers.attention.flashmla_backend:FlashMLABackend",
+    "fa3": "layers.attention.flashattention_backend:FlashAttentionBackend",
+    "fa4": "layers.attention.flashattention_backend:FlashAttentionBackend",
+    "trtllm_mha": "layers.attention.trtllm_mha_backend:TRTLLMHAAttnBackend",
+    "hpc_ops": "layers.attention.hpc_ops_backend:HPCOpsAttnBackend",
+    "intel_amx": "layers.attention.intel_amx_backend:IntelAMXAttnBackend",
+    "minicpm_flashattn": "layers.attention.minicpm.backend:MiniCPMSparseBackend",
+    "minicpm_flashinfer": "layers.attention.minicpm.backend:MiniCPMSparseBackend",
+    "intel_xpu": "layers.attention.xpu_backend:XPUAttentionBackend",
+}
+
+_RUNNER_TREE = ClassTree(
+    "DecodeCudaGraphRunner",
+    (
+        AssignedOnlyIn(
+            "in_graph_metadata_prep_done",
+            frozenset({"__init__", "_record_in_graph_metadata_prep_done"}),
+            exact_on_base=True,
+        ),
+        AssignedOnlyIn("attn_backend", frozenset({"__init__"}), frozenset({"__init__"})),
+        AssignedOnlyIn("enable_pdmux", frozenset({"__init__"}), frozenset({"__init__"})),
+        NotRedefined("_replay_attn_backend"),
+        CallsWith("_resolve_shared_read_ends", "self._replay_attn_backend()"),
+    ),
+)
+"""The decode runner and every subclass (the runner remembers its answers by mode alone):
+only sglang's own two methods plant the in-graph marker; ``attn_backend`` and
+``enable_pdmux`` are set in ``__init__`` only; every call of ``_resolve_shared_read_ends``
+passes ``self._replay_attn_backend()``, which no subclass redefines."""
+
+_ALGORITHMS = frozenset(
+    ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE")
+)
+
+_CHECKS: dict[str, tuple[Check, ...]] = {
+    S + "layers.attention.base_attn_backend": (
+        Members(
+            "SharedReadEnds", {"PRE_REPLAY": 1, "IN_REPLAY": 2, "POST_REPLAY": 3, "UNKNOWN": 4}
+        ),
+        Globals(("AttentionBackend", "SharedReadEnds")),
+    ),
+    S + "environ": (
+        Attributes(
+            "envs", ("SGLANG_FORCE_COARSE_WAR_BARRIER", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE")
+        ),
+    ),
+    S + "speculative.spec_info": (Members("SpeculativeAlgorithm", _ALGORITHMS),),
+    S + "speculative.spec_registry": (Globals(("_REGISTRY", "get_spec", "CustomSpecAlgo")),),
+    S + "model_executor.runner.decode_cuda_graph_runner": (
+        Calls("DecodeCudaGraphRunner.execute", "_resolve_shared_read_ends"),
+        _RUNNER_TREE,
+    ),
+    S + "model_executor.model_runner": (
+        InstanceAttribute("ModelRunner", "shared_read_done_event"),
+    ),
+}
+
+_0_5_23 = SglangRelease(
+    "0.5.23",
+    functions={
+        S + "layers.attention.base_attn_backend": {
+            "AttentionBackend.shared_read_ends": ("(self, fm)", "fa4942e6a4a75424"),
+            "AttentionBackend.resolve_prefill_shared_read_ends": (
+                "(self, forward_batch, *, num_qo_tokens, build_snapshot=True)",
+                "8d615ada273bebc1",
+            ),
+            "AttentionBackend._snapshot_prefill_shared_reads": (
+                "(self, forward_batch, *, num_qo_tokens)",
+                "8c03c786dba4cb28",
+            ),
+            "SharedReadEnds.max_of": ("(items)", "9f4ebe77677c0ba2"),
+        },
+        S + "speculative.spec_info": {
+            "SpeculativeAlgorithm.supports_prefill_shared_read_done": (
+                "(self)",
+                "d5e1ba8d4cce4e6c",
+            ),
+            "SpeculativeAlgorithm.create_worker": ("(self, server_args)", ""),
+        },
+        S + "speculative.spec_registry": {
+            "CustomSpecAlgo.supports_prefill_shared_read_done": ("(self)", "efcdff41a7c42f6a"),
+            "get_spec": ("(name)", ""),
+        },
+        S + "model_executor.runner.decode_cuda_graph_runner": {
+            "DecodeCudaGraphRunner._resolve_shared_read_ends": (
+                "(self, attn_backend, forward_mode)",
+                "0092106b1a2a2ffe",
+            ),
+            "DecodeCudaGraphRunner._publish_read_done": ("(self, in_graph)", "260d989dcf9b767d"),
+            "DecodeCudaGraphRunner._record_in_graph_metadata_prep_done": (
+                "(self)",
+                "6ca78dcdd53714be",
+            ),
+            "DecodeCudaGraphRunner._replay_attn_backend": ("(self)", "d9de93226d5b51cd"),
+        },
+        S + "model_executor.runner_utils.shared_read_event": {
+            "maybe_publish_prefill_shared_read_done": (
+                "(model_runner, shared_read_ends, device_module)",
+                "e64097ecb4f76153",
+            ),
+        },
+        S + "model_executor.model_runner_components.attention_backend_setup": {
+            "_build_full_attention_backend_from_str": (
+                "(*, model_runner, backend_str, init_new_workspace)",
+                "",
+            ),
+        },
+        S + "managers.tp_worker": {
+            "BaseTpWorker.last_shared_read_runner": ("(self)", "7a5c6c423fb8622e"),
+        },
+        S + "speculative.base_spec_worker": {
+            "BaseSpecWorker.last_shared_read_runner": ("(self)", "f578485bb3853498"),
+        },
+        S + "speculative.eagle_worker_v2": {
+            "EAGLEWorkerV2.last_shared_read_runner": ("(self)", "45b014abb26b952d"),
+        },
+        S + "speculative.multi_layer_eagle_worker_v2": {
+            "MultiLayerEagleWorkerV2.last_shared_read_runner": ("(self)", "f39a3482b8a10f8a"),
+        },
+        S + "speculative.uno_worker_v2": {
+            "UnoWorkerV2.last_shared_read_runner": ("(self)", "b645ae08530101a1"),
+        },
+        S + "managers.scheduler": {
+            "Scheduler._apply_war_barrier": ("(self)", "d7d255256af378bc"),
+        },
+    },
+    watched={
+        S + "environ": "check",
+        S + "layers.attention.base_attn_backend": "attention backends",
+        S + "speculative.spec_info": "algorithms",
+        S + "speculative.spec_registry": "custom algorithms",
+        S + "model_executor.runner.decode_cuda_graph_runner": "decode runner",
+        S + "speculative.base_spec_worker": "spec worker owners",
+        S + "managers.tp_worker": "tp worker owners",
+        S + "model_executor.model_runner_components.attention_backend_setup": "registry builder",
+        S + "model_executor.model_runner": "check",  # the mailbox the owner clears
+        S + "model_executor.runner_utils.shared_read_event": "check",  # the prefill publisher
+        S + "managers.scheduler": "scheduler",  # the barrier; the checkpoint
+    },
+    checks=_CHECKS,
+    registry=_REGISTRY_0_5_23,
+    evidence=(
+        "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl (zip entries 2026-10-30): every "
+        "row recomputed from its source (tests/test_shape_gate.py); class-level tests "
+        "(nox -s sglang), real Engine and HTTP servers, one and two ranks, two nodes "
+        "(nox -s sglang_server)"
+    ),
+)
+
+_PUBLISHER_CALLERS = {
+    # the callers import the publisher by name: each binding is patched (warcore's bound
+    # reaches every call), and each caller's code is what was audited
+    S + "model_executor.runner_utils": "prefill publisher binding",
+    S + "model_executor.runner.eager_runner": "prefill publisher binding",
+    S + "model_executor.runner.prefill_cuda_graph_runner": "prefill publisher binding",
+}
+
+_TOKENSPEED = "layers.attention.tokenspeed_mla_backend:TokenspeedMLABackend"
+
+_0_5_22 = _0_5_23.derive(
+    "0.5.22",
+    functions={
+        S + "layers.attention.base_attn_backend": {
+            "AttentionBackend.resolve_prefill_shared_read_ends": None,
+            "AttentionBackend._snapshot_prefill_shared_reads": None,
+        },
+        S + "model_executor.runner_utils.shared_read_event": {
+            "maybe_publish_prefill_shared_read_done": (
+                "(model_runner, forward_batch, device_module)",
+                "3832563ab932ec8e",
+            ),
+        },
+        S + "model_executor.runner.eager_runner": {
+            "EagerRunner._execute_extend": (
+                "(self, forward_batch, pp_proxy_tensors=None)",
+                "5ba6767f461a3261",
+            ),
+        },
+        S + "model_executor.runner.prefill_cuda_graph_runner": {
+            "PrefillCudaGraphRunner.execute": (
+                "(self, forward_batch, **kwargs)",
+                "ed21c27129e5f9e8",
+            ),
+        },
+    },
+    watched={
+        **_0_5_23.watched,
+        S + "model_executor.runner_utils.shared_read_event": "prefill publisher",
+        **_PUBLISHER_CALLERS,
+    },
+    prefill="publisher",
+    prefill_switch_default=False,
+    registry={**_REGISTRY_0_5_23, "tokenspeed_mla": _TOKENSPEED},
+    leaves_missing=frozenset({"sglang_minimax_sparse_nvfp4"}),
+    evidence=(
+        "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl (zip entries 2026-10-15): rows "
+        "recomputed from its source; class-level tests and a real Engine "
+        "(nox -s 'sglang_release(version=\"0.5.22\")'); the differences: SGLANG-RELEASES "
+        "facts in docs/sglang-releases.md"
+    ),
+)
+
+RELEASES: dict[str, SglangRelease] = by_version((_0_5_22, _0_5_23))
+"""Every audited sglang release, oldest first, by its exact version string."""
+
+ENGINE = Engine("sglang", "sglang", RELEASES, __name__)
+"""warcore-sglang as ``warcore release`` sees it (entry point ``warcore.integrations``)."""

@@ -1,0 +1,292 @@
+"""An engine release's wheel, read without installing, extracting or importing it.
+
+:func:`fetched` downloads one with ``pip download --no-deps`` into a temporary folder that is
+removed however the block ends (an error, Ctrl-C, SIGTERM); :func:`open_wheel` says what a
+wheel file is (its distribution, version and hash) or why it is not one; :class:`SourceTree`
+holds its Python sources, in memory, as the index the structural checks and ``warcore
+release`` read (a :class:`~warcore.integration.checks.SourceIndex`).
+
+Standard library and ``packaging`` only.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from . import source_code
+from .source_code import Binding
+
+__all__ = [
+    "FETCH_TIMEOUT_S",
+    "BadWheel",
+    "FetchFailed",
+    "SourceTree",
+    "Wheel",
+    "fetched",
+    "open_wheel",
+]
+
+FETCH_TIMEOUT_S = 900
+"""How long ``pip download`` may take: a 340 MB wheel from a slow index, with room to spare;
+past it the download is stopped and the folder removed."""
+
+_LOCATE_DEPTH = 16
+"""Re-exports followed at most (``a`` imports from ``b``, which imports from ``c``...)."""
+
+
+class BadWheel(ValueError):
+    """The path given is not a wheel of the engine (one sentence naming it)."""
+
+
+class FetchFailed(RuntimeError):
+    """``pip download`` brought no wheel (its own last error line)."""
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A wheel file, as its name and bytes say."""
+
+    path: Path
+    distribution: str
+    """The distribution, canonicalized (``sglang``)."""
+    version: Version
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def open_wheel(path: Path) -> Wheel:
+    """``path`` as a :class:`Wheel`, or :class:`BadWheel` saying why it is not one."""
+    if not path.is_file():
+        raise BadWheel(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    try:
+        distribution, version, _build, _tags = parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise BadWheel(f"{path}: not a wheel ({exc})") from None
+    if not zipfile.is_zipfile(path):
+        raise BadWheel(f"{path}: not a wheel (not a zip archive)")
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return Wheel(path, canonicalize_name(distribution), version, digest.hexdigest())
+
+
+@contextmanager
+def fetched(distribution: str, version: str, *, timeout: float = FETCH_TIMEOUT_S) -> Iterator[Path]:
+    """The wheel of ``distribution==version`` for this interpreter, downloaded by ``pip
+    download --no-deps --only-binary=:all:`` into a temporary folder, which is removed when
+    the block ends, however it ends. :class:`FetchFailed` with pip's own error line when pip
+    fails or takes more than ``timeout`` seconds."""
+    with tempfile.TemporaryDirectory(prefix="warcore-release-") as folder:
+        wheels_at, scratch = Path(folder, "wheel"), Path(folder, "tmp")
+        scratch.mkdir()
+        command = [
+            *(sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"),
+            *("--disable-pip-version-check", "--no-input", "-d", str(wheels_at)),
+            f"{distribution}=={version}",
+        ]
+        # pip's own temporary files go inside the folder too: a pip killed midway (Ctrl-C,
+        # the timeout) cannot clean up after itself, and the folder's removal does
+        env = {**os.environ, "TMPDIR": str(scratch), "TEMP": str(scratch), "TMP": str(scratch)}
+        try:  # run() kills pip on any exception here, Ctrl-C included, before the folder goes
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, env=env
+            )
+        except subprocess.TimeoutExpired:
+            raise FetchFailed(f"pip download took more than {timeout:g} s; stopped") from None
+        if result.returncode != 0:
+            raise FetchFailed(_last_error(result.stderr) or f"pip exited {result.returncode}")
+        wheels = sorted(wheels_at.glob("*.whl"))
+        if len(wheels) != 1:
+            raise FetchFailed(f"pip download left {len(wheels)} wheels, expected one")
+        yield wheels[0]
+
+
+def _last_error(stderr: str) -> str:
+    """pip's last ``ERROR:`` line (the one that says what failed), else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or [""])[-1]
+
+
+def _module_name(entry: str) -> tuple[str, bool] | None:
+    """(module, is a package) for a wheel entry holding Python source, else ``None``."""
+    path = PurePosixPath(entry)
+    if path.suffix != ".py":
+        return None
+    parts = list(path.parts)
+    if parts[0].endswith(".data") and len(parts) > 2 and parts[1] in ("purelib", "platlib"):
+        parts = parts[2:]  # <name>.data/purelib/<package>/...: installed at the root
+    parts[-1] = parts[-1].removesuffix(".py")
+    package = parts[-1] == "__init__"
+    if package:
+        parts.pop()
+    if not parts or not all(part.isidentifier() for part in parts):
+        return None  # a .dist-info file, a script folder, a template with a dash in its name
+    return ".".join(parts), package
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return importlib.util.decode_source(data)  # the coding cookie, universal newlines
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return data.decode("utf-8", errors="replace")
+
+
+class SourceTree:
+    """A release's Python sources by module, held in memory (nothing is extracted or
+    imported): a :class:`~warcore.integration.checks.SourceIndex`.
+
+    :meth:`locate` and :meth:`subclasses` follow each module's imports to where a class is
+    defined (``from a import B as C``, ``import a.b as x`` then ``x.B``, relative imports,
+    re-exports through a package's ``__init__``, ``from a import *``, an alias assignment
+    ``C = B``), as far as the source says it (the rules of
+    :mod:`~warcore.integration.source_code`). Approximated: a base class given by any other
+    expression (a call, a variable holding a class) is not followed; a class defined inside
+    a function, or made by ``type()``, is not seen; a module that does not parse has no
+    classes. The search finds every subclass in the wheel, not only those a process imports
+    (the live check's), so it sees more: the safe side."""
+
+    def __init__(self, sources: Mapping[str, str | bytes], packages: frozenset[str]) -> None:
+        """``sources``: module -> its source, as text or as the file's bytes (decoded when
+        first read: most of a wheel's modules are only searched, as bytes)."""
+        self._raw = {m: s if isinstance(s, bytes) else s.encode() for m, s in sources.items()}
+        self._sources = {m: s for m, s in sources.items() if isinstance(s, str)}
+        self._packages = packages
+        self._bindings: dict[str, dict[str, Binding]] = {}
+
+    @classmethod
+    def of_wheel(cls, path: Path) -> SourceTree:
+        """Every ``.py`` module of the wheel at ``path``, read from the zip."""
+        sources: dict[str, str | bytes] = {}
+        packages: set[str] = set()
+        with zipfile.ZipFile(path) as archive:
+            for entry in archive.namelist():
+                named = _module_name(entry)
+                if named is None:
+                    continue
+                module, package = named
+                sources[module] = archive.read(entry)
+                if package:
+                    packages.add(module)
+        return cls(sources, frozenset(packages))
+
+    def modules(self) -> list[str]:
+        return sorted(self._raw)
+
+    def source(self, module: str) -> str | None:
+        text = self._sources.get(module)
+        if text is None and module in self._raw:
+            text = self._sources[module] = _decode(self._raw[module])
+        return text
+
+    def is_module(self, name: str) -> bool:
+        return name in self._raw
+
+    def mentioning(self, *words: str) -> list[str]:
+        """The modules whose source contains every one of ``words`` (a cheap first filter:
+        any reference to a name spells it)."""
+        wanted = [word.encode() for word in words]
+        return [m for m, data in sorted(self._raw.items()) if all(w in data for w in wanted)]
+
+    def tree(self, module: str) -> ast.Module | None:
+        """The module's syntax tree; ``None`` where it is absent or does not parse."""
+        text = self.source(module)
+        if text is None:
+            return None
+        try:
+            return source_code.parse(text)
+        except (SyntaxError, ValueError, RecursionError):
+            return None
+
+    def bindings(self, module: str) -> dict[str, Binding]:
+        """What ``module`` binds at run time (:func:`~warcore.integration.source_code.bindings`)."""
+        found = self._bindings.get(module)
+        if found is None:
+            tree = self.tree(module)
+            body = tree.body if tree is not None else []
+            found = source_code.bindings(body, module, module in self._packages)
+            self._bindings[module] = found
+        return found
+
+    def locate(self, module: str, qualname: str) -> tuple[str, str] | None:
+        """(module, qualified name) where the name ``qualname`` that ``module`` uses is
+        bound (a class, a function, an assignment), imports, re-exports and aliases
+        (``C = B``) followed; ``(module, "")`` for a name that is a module of the wheel;
+        ``None`` where the wheel does not bind it (an external package's class, a name
+        nothing binds)."""
+        return self._locate(module, qualname, _LOCATE_DEPTH)
+
+    def _locate(self, module: str, qualname: str, depth: int) -> tuple[str, str] | None:
+        if depth <= 0 or module not in self._raw:
+            return None
+        head, _, rest = qualname.partition(".")
+        binding = self.bindings(module).get(head)
+        if binding is None:
+            tree = self.tree(module)
+            body = tree.body if tree is not None else []
+            stars = source_code.star_imports(body, module, module in self._packages)
+            found = (self._locate(star, qualname, depth - 1) for star in stars)
+            return next((hit for hit in found if hit is not None), None)
+        if binding.kind in ("class", "function"):
+            return module, qualname
+        if binding.kind == "module":
+            return self._in_module(binding.target, rest, depth)
+        if binding.kind == "from":
+            if self.is_module(f"{binding.target}.{binding.name}"):
+                return self._in_module(f"{binding.target}.{binding.name}", rest, depth)
+            name = binding.name + (f".{rest}" if rest else "")
+            return self._locate(binding.target, name, depth - 1)
+        alias = source_code.dotted(binding.node) if isinstance(binding.node, ast.expr) else None
+        if alias is None or alias.split(".")[0] == head:
+            return module, qualname  # a value assigned here, not another name for one
+        return self._locate(module, alias + (f".{rest}" if rest else ""), depth - 1)
+
+    def _in_module(self, module: str, rest: str, depth: int) -> tuple[str, str] | None:
+        """``rest`` (``b.C``) looked up from the module ``module`` (``a``): ``a.b`` if that is
+        a module, then ``C`` in it."""
+        parts = rest.split(".") if rest else []
+        while parts and self.is_module(f"{module}.{parts[0]}"):
+            module = f"{module}.{parts.pop(0)}"
+        return self._locate(module, ".".join(parts), depth - 1) if parts else (module, "")
+
+    def subclasses(self, module: str, qualname: str) -> list[tuple[str, str]]:
+        """(module, qualified name) of every class of the wheel deriving, directly or
+        through others, from the class ``qualname`` that ``module`` names; in the order
+        found (breadth first), each once."""
+        root = self.locate(module, qualname) or (module, qualname)
+        found: list[tuple[str, str]] = []
+        queue = [root]
+        while queue:
+            parent = queue.pop(0)
+            for child in self._direct_subclasses(parent):
+                if child != root and child not in found:
+                    found.append(child)
+                    queue.append(child)
+        return found
+
+    def _direct_subclasses(self, parent: tuple[str, str]) -> Iterator[tuple[str, str]]:
+        name = parent[1].rsplit(".", 1)[-1]
+        for module in self.mentioning(name):
+            tree = self.tree(module)
+            for qualname, node in source_code.classes(tree) if tree else ():
+                bases = (source_code.dotted(base) for base in node.bases)
+                if any(self.locate(module, b) == parent for b in bases if b is not None):
+                    yield module, qualname
