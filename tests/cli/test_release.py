@@ -1,4 +1,4 @@
-"""``warcore release`` on the real wheels: sglang 0.5.22 and 0.5.23 and vLLM 0.33.0 and
+"""``warcore release`` on the real wheels: sglang 0.5.21, 0.5.22 and 0.5.23 and vLLM 0.33.0 and
 0.34.0, fetched from the package index with ``pip download --no-deps`` once per session (and
 by the command itself where a test gives a version).
 
@@ -68,6 +68,7 @@ def _pip_download(distribution: str, version: str, folder: Path) -> subprocess.P
 
 
 WANTED = [
+    ("sglang", "0.5.21"),
     ("sglang", "0.5.22"),
     ("sglang", "0.5.23"),
     ("vllm", "0.33.0"),
@@ -156,6 +157,12 @@ def runs(
     commands: dict[str, tuple[str | Path, ...]] = {
         f"{engine} {version}": (engine, wheels[engine, version]) for engine, version in WANTED
     }
+    commands["sglang 0.5.21 --against 0.5.23"] = (
+        "sglang",
+        wheels["sglang", "0.5.21"],
+        "--against",
+        "0.5.23",
+    )
     commands["vllm 0.34.0 --against 0.33.0"] = (
         "vllm",
         wheels["vllm", "0.34.0"],
@@ -249,7 +256,7 @@ def test_each_audited_release_matches_its_own_entry(
     assert statuses == {"unchanged"}
 
 
-# -- sglang 0.5.22 against 0.5.23 (SGLANG-RELEASES §2) -------------------------------------------
+# -- sglang 0.5.22 and 0.5.21 against 0.5.23 (SGLANG-RELEASES §2) --------------------------------
 
 _GONE_SINCE_0_5_23 = {
     (BASE_ATTN, "AttentionBackend.resolve_prefill_shared_read_ends"),
@@ -314,6 +321,17 @@ def test_the_fetched_draft_applied_with_derive_is_the_wheels_table(
         assert {q: releases["0.5.22"].functions[module][q] for q in rows} == rows
     assert "drafted by warcore release on" in str(drafted.evidence)
     assert "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl (sha256 " in str(drafted.evidence)
+
+
+def test_sglang_0_5_21_against_0_5_23_also_reports_the_decode_runners_body(
+    runs: dict[str, Result],
+) -> None:
+    result = runs["sglang 0.5.21 --against 0.5.23"]
+    assert result.status == 1
+    rows = function_rows(result.stdout)
+    by_status = _expect_against_0_5_23(rows)
+    assert by_status["body changed"] == {_RESOLVE} and len(by_status["unchanged"]) == 16
+    assert rows[_RESOLVE][1] == "digest 0092106b1a2a2ffe -> c0d11a79285939e0"
 
 
 # -- vLLM 0.34.0 against 0.33.0 (VLLM-0.34 §1.2) -----------------------------------------------
@@ -414,7 +432,7 @@ def _with_extra(release):
 ENGINE = Engine(
     "wctest_sglang",
     "sglang",
-    by_version(_with_extra(RELEASES[v]) for v in ("0.5.22", "0.5.23")),
+    by_version(_with_extra(RELEASES[v]) for v in ("0.5.21", "0.5.23")),
     __name__,
 )
 '''
@@ -432,6 +450,31 @@ def extra_engines(tmp_path: Path) -> Path:
         root, "warcore-fake-broken", "1.0", {"wctest_broken": "_wcfake_broken_engine:ENGINE"}
     )
     return root
+
+
+def test_a_check_the_wheel_fails_in_source_is_reported_by_name(
+    wheels: dict[tuple[str, str], Path], engines: Path, extra_engines: Path, tmp_path: Path
+) -> None:
+    """SGLANG-RELEASES §0 row 8: 0.5.21's base_attn_backend imports neither ``envs`` nor, at run
+    time, ``ForwardMode`` (only under ``TYPE_CHECKING``); 0.5.23's imports both."""
+    args = ("wctest_sglang", wheels["sglang", "0.5.21"])
+    result = release(engines, tmp_path, *args, path=(extra_engines,))
+    assert result.status == 1, result.stdout + result.stderr
+    assert "structural checks: 9, 1 failing" in result.stdout
+    checks = result.stdout.split("structural checks:", 1)[1].split("\n\n", 1)[0]
+    failing = [line for line in checks.splitlines() if line.startswith("    FAIL")]
+    assert failing == ["    FAIL  module global envs: missing (not bound at run time)"]
+    headers = [line for line in checks.splitlines()[: checks.splitlines().index(failing[0])]]
+    assert [h for h in headers if not h.startswith("    ")][-1] == f"  {BASE_ATTN}"
+    assert "REVIEW: check fails in " + BASE_ATTN in " ".join(result.stdout.split())
+    assert "review needed: 1 check(s) fail" in result.stdout
+    assert "wctest_broken" in result.stderr  # named, once, in one line, no traceback
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    passing = release(
+        engines, tmp_path, "wctest_sglang", wheels["sglang", "0.5.23"], path=(extra_engines,)
+    )
+    assert passing.status == 0, passing.stdout
+    assert "structural checks: 9, 0 failing" in passing.stdout
 
 
 def test_an_engine_that_fails_to_load_is_named_in_one_line(
@@ -475,7 +518,7 @@ BAD: dict[str, tuple[tuple[str | Callable[[Path], Path], ...], str]] = {
     "a missing wheel": (("sglang", "gone/sglang-0.5.24-py3-none-any.whl"), "no such file"),
     "an unknown --against": (
         ("sglang", "0.5.22", "--against", "0.5.99"),
-        "sglang: --against 0.5.99 is not an audited release (audited: 0.5.22, 0.5.23)",
+        "sglang: --against 0.5.99 is not an audited release (audited: 0.5.21, 0.5.22, 0.5.23)",
     ),
 }
 

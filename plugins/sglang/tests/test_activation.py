@@ -281,7 +281,7 @@ def test_install_refuses_every_version_but_the_audited_ones_exactly(
         warcore_sglang.install()
     message = str(info.value)
     assert f"sglang {version} at " in message
-    assert "audited: 0.5.22, 0.5.23, exactly" in message
+    assert "audited: 0.5.21, 0.5.22, 0.5.23, exactly" in message
     assert "sglang's own barrier decisions apply" in message
     assert not warcore_sglang.is_installed()
     assert all(vars(o)[a] is before[(o, a)] for o, a in points)

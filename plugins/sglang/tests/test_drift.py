@@ -471,8 +471,11 @@ def test_warcore_owner_equals_sglangs_on_live_shaped_workers_for_every_algorithm
             except AttributeError:
                 continue  # multi-layer EAGLE always has a draft worker in sglang
         ours = _owner._warcore_runner(worker, own)
-        assert ours is own, (name, klass.__qualname__, has_draft, staged)
-        assert worker.last_shared_read_runner is own  # the patched property: the same
+        if own is draft and "draft" in RELEASE.unbounded_owners:  # 0.5.21: coarse
+            assert ours is None, (name, klass.__qualname__, has_draft, staged)
+        else:
+            assert ours is own, (name, klass.__qualname__, has_draft, staged)
+            assert worker.last_shared_read_runner is own  # the patched property: the same
         seen.add(name)
     assert seen == {
         "none",

@@ -2,14 +2,16 @@
 from the others, warcore's answer is never earlier than that release's own answer for the
 call, nor than declared.
 
-* 0.5.22 decides a prefill publish in ``maybe_publish_prefill_shared_read_done``
+* 0.5.21 and 0.5.22 decide a prefill publish in ``maybe_publish_prefill_shared_read_done``
   (the batch, its live declaration, the opt-in that defaults to off), a function their runners
   import by name: the patched publisher is what every caller binds, an event sglang published
   stays only where warcore's answer is PRE_REPLAY too, and warcore never publishes where sglang
   did not. Their dsv4 declares its EXTEND per batch (PRE_REPLAY only after its own snapshot
   ran): no answer of warcore's outlives the batch it was asked for.
-* A decode runner answers a declared IN_REPLAY without the in-graph marker as its release
-  does (``decode_unmarked``): with warcore active it is POST_REPLAY on every release.
+* 0.5.21's decode runner answers a declared IN_REPLAY without the in-graph marker with
+  PRE_REPLAY ("this lands EARLIER than declared"): with warcore active it is POST_REPLAY.
+* 0.5.21's EAGLE draft-extend runner publishes before its replay without asking any
+  declaration: a step owned by the draft runner is coarse with warcore active.
 """
 
 from __future__ import annotations
@@ -210,6 +212,31 @@ def test_an_unmarked_in_replay_decode_is_never_published_earlier_than_declared(p
         warcore_sglang.uninstall()
     assert ours is sgl.ends.POST_REPLAY and ours.value > declared.value
     assert planted is sgl.ends.IN_REPLAY  # with the marker: as declared, in every release
+
+
+def test_a_step_owned_by_a_runner_that_publishes_undeclared_is_coarse(installed: Any) -> None:
+    """The EAGLE worker names its draft runner when it has a draft model: in 0.5.21 that
+    runner publishes before its replay without asking any declaration, so warcore makes the
+    step coarse there; in the other releases the draft runner asks its (patched) backend, and
+    the owner stands."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    algo = algorithm("sglang_eagle")
+    target = SimpleNamespace(spec_algorithm=algo, shared_read_done_event=None)
+    draft = SimpleNamespace(spec_algorithm=algo, shared_read_done_event=object())
+    drafter = SimpleNamespace(draft_runner=draft, model_runner=draft)
+    worker = bare(
+        EAGLEWorkerV2,
+        _target_worker=SimpleNamespace(model_runner=target),
+        _draft_worker=drafter,
+        _model_runner=target,
+    )
+    owner = worker.last_shared_read_runner
+    if "draft" in RELEASE.unbounded_owners:
+        assert owner is not draft and owner.shared_read_done_event is None  # coarse
+        assert draft.shared_read_done_event is None  # its early event cannot outlive the step
+    else:
+        assert owner is draft
 
 
 @pytest.mark.any_release

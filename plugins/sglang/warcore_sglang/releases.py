@@ -283,7 +283,52 @@ _0_5_22 = _0_5_23.derive(
     ),
 )
 
-RELEASES: dict[str, SglangRelease] = by_version((_0_5_22, _0_5_23))
+_0_5_21 = _0_5_22.derive(
+    "0.5.21",
+    functions={
+        S + "model_executor.runner.decode_cuda_graph_runner": {
+            # declared IN_REPLAY without the in-graph marker -> PRE_REPLAY ("this lands
+            # EARLIER than declared"); warcore answers POST_REPLAY there
+            "DecodeCudaGraphRunner._resolve_shared_read_ends": (
+                "(self, attn_backend, forward_mode)",
+                "c0d11a79285939e0",
+            ),
+        },
+        S + "model_executor.runner.eager_runner": {
+            "EagerRunner._execute_extend": (
+                "(self, forward_batch, pp_proxy_tensors=None)",
+                "a7a43f191a017471",
+            ),
+        },
+        S + "model_executor.runner.prefill_cuda_graph_runner": {
+            "PrefillCudaGraphRunner.execute": (
+                "(self, forward_batch, **kwargs)",
+                "5680821337a2e68d",
+            ),
+        },
+        S + "speculative.eagle_draft_extend_cuda_graph_runner": {
+            # publishes before replay without asking any declaration: closed through the owner
+            "EAGLEDraftExtendCudaGraphRunner.execute": (
+                "(self, forward_batch, select_index)",
+                "16d76e2df517522c",
+            ),
+        },
+    },
+    watched={**_0_5_22.watched, S + "speculative.eagle_draft_extend_cuda_graph_runner": "check"},
+    unbounded_owners=frozenset({"draft"}),
+    decode_unmarked="PRE_REPLAY",
+    registry={
+        name: ref for name, ref in _0_5_22.registry.items() if name != "llada2_cfg_flashinfer"
+    },
+    plugin_processes=frozenset({"launcher", "engine", "scheduler"}),
+    evidence=(
+        "sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl (zip entries 2026-10-01): rows "
+        "recomputed from its source; class-level tests and a real Engine "
+        "(nox -s 'sglang_release(version=\"0.5.21\")')"
+    ),
+)
+
+RELEASES: dict[str, SglangRelease] = by_version((_0_5_21, _0_5_22, _0_5_23))
 """Every audited sglang release, oldest first, by its exact version string."""
 
 ENGINE = Engine("sglang", "sglang", RELEASES, __name__)

@@ -14,7 +14,7 @@ from warcore_sglang.serving import harness as serving
 
 REFUSED = "0.5.20"
 """The sglang release these tests install (``plugins/sglang/sglang-0.5.20-pins.txt``)."""
-AUDITED = "0.5.22, 0.5.23"
+AUDITED = "0.5.21, 0.5.22, 0.5.23"
 """The audited releases, as the refusal names them."""
 TIMEOUT = float(os.environ.get("WARCORE_SGLANG_SERVER_TIMEOUT", "420"))
 """Seconds the engine may take, start-up to shutdown."""
