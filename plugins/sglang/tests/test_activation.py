@@ -159,6 +159,34 @@ def test_third_party_declaring_dsv4_decode_post_replay_moves_sglangs_decision(
     assert "_warcore_sglang" not in vars(dsv4)  # ... is taken off again
 
 
+def test_a_runner_subclass_resolving_its_own_way_is_bounded_and_asked_once(installed: Any) -> None:
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    sgl = _sgl()
+    asked: list[Any] = []
+
+    class EarlyRunner(DecodeCudaGraphRunner):  # defined while installed: patched at once
+        def _resolve_shared_read_ends(self, attn_backend: Any, forward_mode: Any) -> Any:
+            asked.append(forward_mode)
+            return sgl.ends.PRE_REPLAY  # earlier than anything declared
+
+    dsv4 = leaf("dsv4", algorithm("none"))
+    runner = bare(
+        EarlyRunner,
+        in_graph_metadata_prep_done=object(),
+        model_runner=SimpleNamespace(shared_read_done_event=None),
+        attn_backend=dsv4,
+        enable_pdmux=False,
+    )
+    plain = _runner(attn_backend=dsv4, enable_pdmux=False)
+    for _ in range(3):  # its own answer bounded by the declaration (IN_REPLAY), remembered
+        assert runner._resolve_shared_read_ends(dsv4, sgl.mode.DECODE) is sgl.ends.IN_REPLAY
+        assert plain._resolve_shared_read_ends(dsv4, sgl.mode.DECODE) is sgl.ends.IN_REPLAY
+    assert asked == [sgl.mode.DECODE]  # its own method, asked once
+    warcore_sglang.uninstall()
+    assert runner._resolve_shared_read_ends(dsv4, sgl.mode.DECODE) is sgl.ends.PRE_REPLAY
+
+
 class _Capturing:
     """The device module of a CUDA runner whose graph is being captured (a CPU cannot
     capture): sglang's ``_record_in_graph_metadata_prep_done`` then plants its in-graph event."""

@@ -15,7 +15,8 @@ kept only if the tag did not move while it was computed. Only warcore's answers 
 never sglang's own: sglang is asked on every call (a declaration of 0.5.21 or 0.5.22 changes
 per batch). The decode runner's per-replay dict (:data:`FAST`) is the bounded answer itself,
 for its own backend by mode (its declaration is audited as a function of the runner and the
-mode), taken off in the same way.
+mode), taken off in the same way, with the last mode it filled and that mode's answer
+(:data:`MODE`, :data:`ENDS`), which the replay reads first.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ FAST = "_warcore_sglang_fast"
 """A decode runner's bounded answers for its own backend: mode -> ends (UNKNOWN left out)."""
 TABLE = "_warcore_sglang_table"
 """A decode runner's bounded answers for any backend: backend -> mode -> ends."""
+MODE, ENDS = "_warcore_sglang_mode", "_warcore_sglang_ends"
+"""A decode runner's last mode remembered in :data:`FAST`, and its answer: the replay path's
+first look (an identity test, cheaper than a dict lookup keyed by an IntEnum). Written by the
+miss path of the runner's own replay only (sglang replays a runner from one thread), ends
+before mode; taken off by deleting them, so a reader that sees the mode and then finds no
+answer goes the slow way."""
+RUNNER = (MODE, ENDS, FAST, TABLE)
+"""Every attribute a decode runner's remembered answers occupy."""
 
 T = TypeVar("T")
 
@@ -125,7 +134,7 @@ def cached(holder: Any, key: Any, compute: Callable[[], T]) -> T:
     return value
 
 
-def forget(holder: Any, keys: tuple[str, ...] = (FAST, TABLE, CACHE)) -> None:
+def forget(holder: Any, keys: tuple[str, ...] = (*RUNNER, CACHE)) -> None:
     """Take cached answers off ``holder`` (``delattr``, never through its ``__dict__``)."""
     for key in keys:
         with contextlib.suppress(AttributeError):

@@ -4,8 +4,9 @@ lookup.
 ``DecodeCudaGraphRunner.execute`` resolves where the forward's shared reads end on every
 replay: sglang calls ``_resolve_shared_read_ends(attn_backend, mode)``, which asks the
 backend's ``shared_read_ends(mode)`` (through ``super()`` for ``trtllm_mha``). With warcore-sglang
-installed the same method answers from the runner's remembered answers (one attribute read, one
-dict lookup; sglang's own answer and warcore's are bounded once, on the first call). This
+installed the same method answers from the runner's remembered answers (two attribute reads
+and an identity test for the mode it last remembered; sglang's own answer and warcore's are
+bounded once, on the first call). This
 measures both, in one run, on the same objects: a bare ``DecodeCudaGraphRunner`` per case
 holding what sglang's constructor and capture leave (its backend, no pdmux, a planted in-graph
 event) and bare backends (``object.__new__``, the attributes the methods read).
