@@ -27,6 +27,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -289,9 +290,33 @@ def tagged(waves: list[list[Request]], tag: str) -> list[list[Request]]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port of 127.0.0.1 free now, for a server that binds it later (tens of seconds, on
+    these cores): picked below the kernel's ephemeral range, where no other process's
+    ``connect()`` or ``bind(0)`` can take it meanwhile (a two-node CI run lost its HTTP port
+    that way: ``[Errno 98] address already in use``), and below the 22000-29999 where sglang
+    picks its own ports the same way (``get_free_port_below_ephemeral``)."""
+    for port in random.sample(range(_PORTS_FROM, _ports_below()), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # nothing free down there: any port, as the kernel picks it
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_PORTS_FROM, _SGLANGS_FROM = 10000, 22000
+
+
+def _ports_below() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            ephemeral_from = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_from = 32768  # the kernel's default
+    return max(min(_SGLANGS_FROM, ephemeral_from), _PORTS_FROM + 64)
 
 
 def _tree(pid: int) -> list[Any]:
