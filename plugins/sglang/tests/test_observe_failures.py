@@ -240,11 +240,20 @@ def test_the_meter_counts_warcores_time_apart_from_the_sglang_code_it_calls(
             assert fget is not None
             return Patched(lambda self: (time.sleep(0.01), fget(self))[1])
         assert callable(original)
-        return lambda *args: (time.sleep(0.01), original(*args))[1]
+
+        def patched(*args: object) -> object:
+            time.sleep(0.01)
+            return original(*args)
+
+        patched.__name__ = getattr(original, "__name__", "?")  # as warcore's wrap() names it
+        return patched
+
+    def calls_a_point() -> object:
+        return point()
 
     point = _meter.timed(make)(sglangs)
     prop = _meter.timed(make)(property(sglangs))
-    nested = _meter.timed(make)(lambda: point())  # sglang's code calling a patched point
+    nested = _meter.timed(make)(calls_a_point)  # sglang's code calling a patched point
 
     class Batch:
         forward_mode = type("Mode", (), {"name": "EXTEND"})()
@@ -262,6 +271,10 @@ def test_the_meter_counts_warcores_time_apart_from_the_sglang_code_it_calls(
     assert 0.03e9 <= line["warcore_ns"] < 0.06e9, line  # three times 10 ms, no 50 ms of sglang
     assert line["points_ns"] >= 0.03e9 + 0.15e9 > line["warcore_ns"], line
     assert 0 < line["floor_ns"] < 0.005e9, line
+    by_point = line["by_point"]  # each point's own share, the nested call in its caller's
+    assert set(by_point) == {"sglangs", "<lambda>", "calls_a_point"}, line
+    assert sum(by_point.values()) == line["warcore_ns"], line
+    assert all(0.01e9 <= ns < 0.02e9 for ns in by_point.values()), line
 
 
 @pytest.mark.parametrize(

@@ -4,15 +4,17 @@ With ``WARCORE_SGLANG_METER=FILE`` when the activation is installed, every patch
 point is timed (its own time, nested calls counted once, sglang's code it calls timed apart),
 and each batch of the scheduler's loop, from ``Scheduler.run_batch`` to the end of its
 ``_apply_war_barrier``, appends one JSON line to FILE: the forward mode, warcore's nanoseconds
-in that batch, how many patched calls they were, the batch's nanoseconds, and the meter's own
-floor. The end-to-end tokens per second of a CPU server cannot resolve a 1% cost on shared
-cores (the A/A control of ``python -m warcore_sglang.serving.bench_server`` spread
-0.60-1.95); this can.
+in that batch, how many patched calls they were and each point's share (``by_point``), the
+batch's nanoseconds, and the meter's own floor. The end-to-end tokens per second of a CPU
+server cannot resolve a 1% cost on shared cores (the A/A control of ``python -m
+warcore_sglang.serving.bench_server`` spread 0.60-1.95); this can.
 
-The meter's own cost (its wrappers, two clock reads per call: about 0.7 µs each in these VMs)
-is counted as warcore's: the figure is an upper bound. ``floor_ns`` is what the meter counts
-for a point that adds nothing, timed after the barrier (where the caches are warmer than at a
-point): warcore_ns minus calls × floor_ns, the net figure, is an upper bound still.
+The meter's own cost around a point (its wrapper, two clock reads, finding this thread's
+tally) is counted as warcore's: the figure is an upper bound. Around the sglang code a point
+calls, the clock is read first: finding the tally there is counted as sglang's (it was
+counted as warcore's before 2026-12-05). ``floor_ns`` is what the meter counts for a point
+that adds nothing, timed after the barrier (where the caches are warmer than at a point):
+warcore_ns minus calls × floor_ns, the net figure, is an upper bound still.
 """
 
 from __future__ import annotations
@@ -36,10 +38,22 @@ class _Tally:
     """One thread's figures for the batch it runs (slots: the meter's own cost, counted as
     warcore's, stays a few attribute reads)."""
 
-    __slots__ = ("depth", "in_sglang", "own_ns", "points", "ns", "calls", "batch_start", "mode")
+    __slots__ = (
+        "depth",
+        "in_sglang",
+        "own_ns",
+        "points",
+        "ns",
+        "calls",
+        "by_point",
+        "batch_start",
+        "mode",
+    )
 
     def __init__(self) -> None:
         self.depth = self.own_ns = self.points = self.ns = self.calls = 0
+        self.by_point: dict[str, int] = {}
+        """warcore's nanoseconds in this batch per patched point (its function's name)."""
         self.in_sglang = False
         self.batch_start: int | None = None
         self.mode = "?"
@@ -65,6 +79,7 @@ def path() -> str | None:
 
 def _count(function: Callable[..., Any]) -> Callable[..., Any]:
     local, clock = _local, time.perf_counter_ns  # the meter's own cost is counted: kept small
+    name = function.__name__
 
     @functools.wraps(function)
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -79,9 +94,11 @@ def _count(function: Callable[..., Any]) -> Callable[..., Any]:
             tally.depth = depth
             if depth == 0:
                 spent = clock() - start
+                mine = spent - (tally.own_ns - own)
                 tally.points += spent
-                tally.ns += spent - (tally.own_ns - own)
+                tally.ns += mine
                 tally.calls += 1
+                tally.by_point[name] = tally.by_point.get(name, 0) + mine
 
     counted.__warcore_original__ = function  # type: ignore[attr-defined]
     return counted
@@ -95,11 +112,12 @@ def _sglangs(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def sglangs(*args: Any, **kwargs: Any) -> Any:
+        # the clock first: finding this thread's tally is the meter's own work, not warcore's
+        start = clock()
         tally = getattr(local, "tally", None) or _tally()
         if tally.in_sglang:
             return original(*args, **kwargs)
         tally.in_sglang = True
-        start = clock()
         try:
             return original(*args, **kwargs)
         finally:
@@ -141,10 +159,11 @@ _NULL_POINT = _count(_pass_through(_sglangs(lambda: None)))
 def _floor(tally: _Tally) -> int:
     """What the meter itself counts for a point that adds nothing (its clock reads, its
     wrappers), timed after the batch's barrier; the batch's figures are left as they were."""
-    saved = tally.ns, tally.points, tally.calls
+    saved = tally.ns, tally.points, tally.calls, tally.by_point
+    tally.by_point = {}
     _NULL_POINT()
     floor = tally.ns - saved[0]
-    tally.ns, tally.points, tally.calls = saved
+    tally.ns, tally.points, tally.calls, tally.by_point = saved
     return floor
 
 
@@ -179,6 +198,7 @@ def timed_batches(
     def metered_run_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         tally = _tally()
         tally.ns = tally.calls = tally.points = 0
+        tally.by_point = {}
         tally.batch_start = time.perf_counter_ns()
         tally.mode = str(getattr(getattr(batch, "forward_mode", None), "name", "?"))
         return run_batch(self, batch, *args, **kwargs)
@@ -197,6 +217,7 @@ def timed_batches(
                     "warcore_ns": tally.ns,
                     "points_ns": tally.points,
                     "calls": tally.calls,
+                    "by_point": tally.by_point,
                     "batch_ns": batch_ns,
                     "floor_ns": _floor(tally),
                 }

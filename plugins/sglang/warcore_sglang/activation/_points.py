@@ -23,6 +23,7 @@ warcore's plugins or switches change or the runner plants its in-graph event.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -47,8 +48,13 @@ def _unknown(key: tuple[Any, ...], what: str, exc: Exception) -> Any:
 
 
 def make_shared_read_ends(original: Callable[..., Any]) -> Callable[..., Any]:
+    tree = oracle.TREE
+
     def shared_read_ends(self: Any, fm: Any) -> Any:
-        if _state.current is None or oracle.in_tree_active():
+        # sglang's own code asking (the prefill resolver's body, on every batch) first:
+        # this thread's depth read inline, a call and two module lookups fewer
+        here = getattr(tree, "here", None)
+        if (here is not None and here.depth) or _state.current is None:
             return original(self, fm)
         own = oracle.own(original, self, fm)
         try:
@@ -92,32 +98,51 @@ def _prefill_static(backend: Any, snapshot: bool) -> Any:
 def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     """sglang 0.5.23's ``resolve_prefill_shared_read_ends``: its gates, switches and per-batch
     snapshot as shipped, bounded. Once per prefill batch, in a scheduler whose caches hold the
-    forward's data: :func:`oracle.own`, the cache read and :func:`bound` are written inline
-    (every call and lookup costs there; ``WARCORE_SGLANG_METER`` measures it)."""
+    forward's data, where each line read cold costs (measured with ``WARCORE_SGLANG_METER``,
+    about 1 µs a line): :func:`oracle.own`, the cache read and :func:`bound` are written
+    inline, this thread's :class:`oracle.Depth` is reached once, and whether the activation
+    is on is asked only on a miss (its answers are taken off every backend with it)."""
     tree, getattribute, cache = oracle.TREE, object.__getattribute__, _state.CACHE
 
     def resolve_prefill_shared_read_ends(
         self: Any, forward_batch: Any, *args: Any, **kw: Any
     ) -> Any:
-        if _state.current is None or getattr(tree, "depth", 0) > 0:
+        try:
+            here = tree.here
+        except AttributeError:
+            here = oracle.depth()
+        if here.depth:
             return original(self, forward_batch, *args, **kw)
-        tree.depth = 1
+        here.depth = 1
         try:
             own = original(self, forward_batch, *args, **kw)
         finally:
-            tree.depth = 0
-        snapshot = kw.get("build_snapshot", True)
-        try:
-            mine = getattribute(self, cache)[_SNAPSHOT if snapshot else _STATIC]
+            here.depth = 0
+        try:  # warcore's answer: only there while the activation is on (taken off with it)
+            mine = getattribute(self, cache)[
+                _SNAPSHOT if kw.get("build_snapshot", True) else _STATIC
+            ]
         except (AttributeError, KeyError):
-            try:
-                mine = _prefill_mine(self, snapshot)
-            except Exception as exc:
-                what = f"the prefill decision of {type(self).__qualname__}"
-                return _unknown(("prefill-failed", type(self)), what, exc)
+            mine = _prefill_miss(self, kw.get("build_snapshot", True))
+            if mine is None:
+                return own
+        if own is mine:
+            return own
         return own if own._value_ >= mine._value_ else mine
 
     return wrap(resolve_prefill_shared_read_ends, original)
+
+
+def _prefill_miss(backend: Any, snapshot: bool) -> Any:
+    """warcore's prefill answer where the backend holds none yet: ``None`` while the activation
+    is off (sglang's own answer stands), UNKNOWN (logged once) where computing it failed."""
+    if _state.current is None:
+        return None
+    try:
+        return _prefill_mine(backend, snapshot)
+    except Exception as exc:
+        what = f"the prefill decision of {type(backend).__qualname__}"
+        return _unknown(("prefill-failed", type(backend)), what, exc)
 
 
 def make_prefill_publisher(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -181,18 +206,16 @@ def make_resolve_decode(original: Callable[..., Any]) -> Callable[..., Any]:
     nothing: a closure's cell costs about 3 ns a replay on this path, a fifth of the lookup's
     budget over an empty method. So it is bound once, to the first original it replaces, and
     reaches that original through its own name; any other (a subclass defining its own, a
-    runner class of a reloaded module) gets the same lookup closed over its original."""
+    runner class of a reloaded module) gets the same code, its miss bound to that original in
+    a copy of this module's globals (the same lookup, written once)."""
     if vars(_resolve_shared_read_ends).get(ORIGINAL, original) is original:
         return wrap(_resolve_shared_read_ends, original)
 
-    def resolve(self: Any, attn_backend: Any, forward_mode: Any) -> Any:
-        try:
-            if forward_mode is self._warcore_sglang_mode:
-                return self._warcore_sglang_ends
-            return self._warcore_sglang_fast[forward_mode]
-        except (AttributeError, KeyError):
-            return _decode(self, attn_backend, forward_mode, original)
+    def miss(runner: Any, backend: Any, mode: Any) -> Any:
+        return _decode(runner, backend, mode, original)
 
+    code = _resolve_shared_read_ends.__code__
+    resolve = types.FunctionType(code, {**globals(), _decode_miss.__name__: miss})
     return wrap(resolve, original)
 
 

@@ -241,36 +241,60 @@ def class_for(name: str) -> tuple[type | None, str]:
 
 # -- passing through the activation's patches ----------------------------------------------
 
+
+class Depth:
+    """How deep this thread is in sglang's own code, asked through :func:`own` or
+    :func:`in_tree` (``depth > 0``: patched points answer with sglang's own code). A plain
+    object with one slot, reached once per call through the thread-local :data:`TREE`: each
+    read or write of a ``threading.local`` attribute finds this thread's dict first (about
+    three times a slot's cost), and the prefill point sets and clears it on every batch."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
 _local = threading.local()
 TREE: Any = _local
-"""In this thread, ``TREE.depth > 0`` (when set): patched points answer with sglang's own code
-(hot paths read it inline; elsewhere :func:`in_tree`, :func:`own`)."""
+"""``TREE.here``, when this thread has one: its :class:`Depth` (hot paths read it inline;
+elsewhere :func:`depth`, :func:`in_tree`, :func:`own`)."""
+
+
+def depth() -> Depth:
+    """This thread's :class:`Depth`, made on its first use."""
+    try:
+        return _local.here  # type: ignore[no-any-return]
+    except AttributeError:
+        _local.here = here = Depth()
+        return here
 
 
 @contextlib.contextmanager
 def in_tree() -> Iterator[None]:
     """While active (in this thread), patched declaration points answer with sglang's own code."""
-    _local.depth = getattr(_local, "depth", 0) + 1
+    here = depth()
+    here.depth += 1
     try:
         yield
     finally:
-        _local.depth -= 1
+        here.depth -= 1
 
 
 def in_tree_active() -> bool:
-    return getattr(_local, "depth", 0) > 0
+    here = getattr(_local, "here", None)
+    return here is not None and here.depth > 0
 
 
 def own(function: Any, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` as sglang's own code (:func:`in_tree` without a context
     manager's cost: the patched points call it on their hot paths)."""
-    local = _local
-    depth = getattr(local, "depth", 0)
-    local.depth = depth + 1
+    here = depth()
+    here.depth += 1
     try:
         return function(*args, **kwargs)
     finally:
-        local.depth = depth
+        here.depth -= 1
 
 
 def original(cls: type, attr: str) -> Any:

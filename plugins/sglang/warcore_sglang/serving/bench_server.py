@@ -135,6 +135,7 @@ def _metered(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any
                 statistics.median(b.get("points_ns", b["warcore_ns"]) for b in of) / 1e3, 2
             ),
             "calls_median": statistics.median(b["calls"] for b in of),
+            "by_point_us_median": _by_point(of),
             "floor_us_median": round(statistics.median(b.get("floor_ns", 0) for b in of) / 1e3, 2),
             "net_us_median": round(
                 statistics.median(b["warcore_ns"] - b["calls"] * b.get("floor_ns", 0) for b in of)
@@ -150,6 +151,18 @@ def _metered(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any
             ),
         }
     return out
+
+
+def _by_point(batches: list[dict[str, Any]]) -> dict[str, float]:
+    """Each patched point's median µs per batch, over the batches that called it."""
+    names = sorted({name for b in batches for name in b.get("by_point", {})})
+    return {
+        name: round(
+            statistics.median(b["by_point"][name] for b in batches if name in b["by_point"]) / 1e3,
+            2,
+        )
+        for name in names
+    }
 
 
 _RANK_CHECK = re.compile(
@@ -354,6 +367,7 @@ def _per_batch_lines(_: str, s: dict[str, Any]) -> str:
         f"floor {m['floor_us_median']:.1f} us per call: {m['net_us_median']:.1f} us) of "
         f"{m['batch_ms_median']:.2f} ms: median {m['share_median']:.3%}, p90 "
         f"{m['share_p90']:.3%}, of the total {m['share_of_total']:.3%}"
+        + "".join(f"\n    {p}: {us:.1f} us" for p, us in m.get("by_point_us_median", {}).items())
         for mode, m in s.items()
     )
 
