@@ -291,7 +291,7 @@ def _versions() -> dict[str, str]:
 
 def _git() -> str:
     try:
-        root = Path(__file__).resolve().parents[3]
+        root = Path(__file__).resolve().parents[4]  # plugins/sglang/warcore_sglang/serving/
         rev = subprocess.run(
             ["git", "-C", str(root), "describe", "--always", "--dirty"],
             capture_output=True,

@@ -78,7 +78,7 @@ TINY_CONFIG: dict[str, Any] = {
     "hidden_act": "silu",
 }
 
-BOOT = Path(__file__).resolve().parent.parent / "tests" / "_boot"
+BOOT = Path(__file__).resolve().parents[2] / "tests" / "_boot"
 """The CPU stand-ins' boot folder in a source checkout (absent from an installed wheel)."""
 STANDINS = "triton,torchvision,sgl_kernel"
 
