@@ -277,6 +277,22 @@ def test_the_meter_counts_warcores_time_apart_from_the_sglang_code_it_calls(
     assert all(0.01e9 <= ns < 0.02e9 for ns in by_point.values()), line
 
 
+def test_the_server_benchmark_reads_the_activation_time_the_scheduler_says() -> None:
+    """The scheduler's start-up line gained the release it names ("active on sglang 0.5.23
+    in 0.125 s"); the benchmark's pattern still looked for "active in", and its activation
+    figure went missing from every summary without a word."""
+    from warcore_sglang._entry import Status, startup_line
+    from warcore_sglang.serving import bench_server
+
+    status = Status(7, "scheduler", {"tp": 0}, True, None, logging.INFO)
+    status.activation_s, status.release = 0.125, "0.5.23"
+    line = startup_line(status)
+    found = bench_server._ACTIVE.search(f"[2026-12-05 11:00:00 TP0] {line}\n")
+    assert found is not None and float(found.group(1)) == 0.125, line
+    status.role = "detokenizer"  # only the scheduler's line counts
+    assert bench_server._ACTIVE.search(startup_line(status)) is None
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [

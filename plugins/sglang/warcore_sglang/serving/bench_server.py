@@ -85,6 +85,11 @@ def _waves(args: argparse.Namespace) -> list[list[serving.Request]]:
     return [*warm, *ttft, *decode]
 
 
+_ACTIVE = re.compile(r"\(scheduler[^)]*\): warcore active on sglang \S+ in ([0-9.]+) s")
+"""The scheduler's start-up line (``warcore_sglang._entry.startup_line``) when active: what
+activating took in that process."""
+
+
 def _one(variant: str, model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     env = {**serving.cpu_env(), **VARIANTS[variant], "WARCORE_SGLANG_TRACE": ""}
     env["WARCORE_PLUGINS"] = args.plugins
@@ -97,7 +102,7 @@ def _one(variant: str, model: Path, work: Path, args: argparse.Namespace) -> dic
     decode = result["wave_s"][1 + args.ttft_samples :]
     decode_s = statistics.median(decode)
     log = Path(result["log"]).read_text(errors="replace")
-    activation = re.search(r"\(scheduler[^)]*\): warcore active in ([0-9.]+) s", log)
+    activation = _ACTIVE.search(log)
     return {
         "variant": variant,
         "startup_s": round(result["startup_s"], 3),
