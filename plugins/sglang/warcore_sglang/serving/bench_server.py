@@ -217,7 +217,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for k in range(args.warmup):  # the first start after a while reads a cold page cache
             row = _one("sglang", model, Path(tmp) / f"warmup{k}", args)
             print(f"warm-up run (discarded): start-up {row['startup_s']:6.2f} s", flush=True)
-        for rnd in range(args.rounds):
+        for rnd in range(0 if args.meter_only else args.rounds):
             order = names[rnd % len(names) :] + names[: rnd % len(names)]
             for variant in order:
                 row = _one(variant, model, Path(tmp) / f"r{rnd}", args)
@@ -231,11 +231,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
         per_batch = _metered(model, Path(tmp) / "metered", args)
-        checks = rank_check(model, Path(tmp) / "ranks", args)
+        checks = [] if args.meter_only else rank_check(model, Path(tmp) / "ranks", args)
     return {
         "benchmark": "warcore inside sglang's real Engine on a CPU: start-up, TTFT, "
         "decode tokens/s; sglang alone vs warcore active, with an A/A control",
-        "rounds": args.rounds,
+        "rounds": 0 if args.meter_only else args.rounds,
         "warmup_runs_discarded": args.warmup,
         "batch": args.batch,
         "new_tokens": args.new_tokens,
@@ -263,7 +263,7 @@ def _summarise(
             "resolving_s": _spread([c["resolve"] for c in checks]),
             "share_of_scheduler_startup": _spread([c["share"] for c in checks]),
         }
-    for key in ("startup_s", "scheduler_startup_s", "ttft_ms", "decode_tok_s"):
+    for key in ("startup_s", "scheduler_startup_s", "ttft_ms", "decode_tok_s") if rows else ():
         summary[key] = {
             "warcore / sglang": _spread(_ratio(rows, key, "warcore", "sglang")),
             "A/A: sglang again / sglang": _spread(_ratio(rows, key, "sglang again", "sglang")),
@@ -336,6 +336,11 @@ def _parser() -> argparse.ArgumentParser:
         type=STARTS,
         default=2,
         help="starts of a tp_size=2 Engine with the rank check on, timing the check (0: none)",
+    )
+    add(
+        "--meter-only",
+        action="store_true",
+        help="only the metered start (after --warmup discarded ones): no rounds, no rank check",
     )
     add("--json", metavar="FILE", help="also write the result to FILE")
     return parser
