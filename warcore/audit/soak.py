@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from warcore.audit.sanitizer import SanitizeReport
     from warcore.core import WarcorePluginManager
     from warcore.engine import Engine, Request
     from warcore.engine.hicache import PrefixCacheStats
+    from warcore.engine.report import RunReport
 
 __all__ = ["SoakReport", "soak"]
 
@@ -115,35 +117,17 @@ def soak(
             combo = combos[report.segments % len(combos)]
             trace = _segment_trace(seed + report.segments, requests_per_segment, hicache)
             key = (combo.backend, combo.algorithm)
-            engine = engines.get(key)
-            if engine is None:
+            if key not in engines:
+                slots = HICACHE_SLOTS if hicache else EngineConfig.num_slots
                 config = EngineConfig(
-                    backend=combo.backend,
-                    algorithm=combo.algorithm,
-                    flags=flags,
-                    num_slots=HICACHE_SLOTS if hicache else EngineConfig.num_slots,
+                    backend=combo.backend, algorithm=combo.algorithm, flags=flags, num_slots=slots
                 )
-                engine = engines[key] = Engine(config, device="sim", pm=pm)
+                engines[key] = Engine(config, device="sim", pm=pm)
             name = f"{combo.backend}/{combo.algorithm}"
             expected = plain.run(trace).outputs
-            served = engine.run(trace)
-            report.steps += served.steps
-            report.requests += len(trace)
-            report.segments += 1
-            report.per_combination[name] += 1
-            if served.stopped is not None:
-                report.errors.append(f"{name} segment {report.segments}: {served.stopped}")
-            wrong = sorted(rid for rid, out in served.outputs.items() if out != expected[rid])
-            if wrong:
-                report.mismatches.append(f"{name} segment {report.segments}: requests {wrong}")
-            if served.prefix_cache is not None:
-                report.add_prefix_cache(f"{name} segment {report.segments}", served.prefix_cache)
+            served = engines[key].run(trace)
             audit = sanitize(combo.backend, combo.algorithm, pm=pm, requests=trace)
-            report.forwards_checked += audit.checked
-            if audit.violation is not None:
-                report.violations.append(f"segment {report.segments}: {audit.violation.describe()}")
-            if audit.error is not None:
-                report.errors.append(f"{name} segment {report.segments}: {audit.error}")
+            _record(report, name, len(trace), expected, served, audit)
             if progress:
                 print(f"  {report.steps}/{steps} steps ({name})", flush=True)
     finally:
@@ -153,6 +137,35 @@ def soak(
             plain.close()
     report.elapsed_s = time.perf_counter() - start
     return report
+
+
+def _record(
+    report: SoakReport,
+    name: str,
+    requests: int,
+    expected: dict[int, list[int]],
+    served: RunReport,
+    audit: SanitizeReport,
+) -> None:
+    """One segment's outcome in ``report``: its tokens against the serial oracle's, the
+    engine's stop, the prefix cache's figures and the sanitizer's verdict."""
+    report.steps += served.steps
+    report.requests += requests
+    report.segments += 1
+    report.per_combination[name] += 1
+    segment = f"{name} segment {report.segments}"
+    if served.stopped is not None:
+        report.errors.append(f"{segment}: {served.stopped}")
+    wrong = sorted(rid for rid, out in served.outputs.items() if out != expected[rid])
+    if wrong:
+        report.mismatches.append(f"{segment}: requests {wrong}")
+    if served.prefix_cache is not None:
+        report.add_prefix_cache(segment, served.prefix_cache)
+    report.forwards_checked += audit.checked
+    if audit.violation is not None:
+        report.violations.append(f"segment {report.segments}: {audit.violation.describe()}")
+    if audit.error is not None:
+        report.errors.append(f"{segment}: {audit.error}")
 
 
 HICACHE_SLOTS = 256

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from warcore.bench._common import format_table, machine_info, summarise
 
 if TYPE_CHECKING:
+    from warcore.audit.trace_export import Timeline
     from warcore.engine import EngineConfig, Request
 
 __all__ = [
@@ -160,6 +161,35 @@ class RunSample:
         return dict(self.__dict__)
 
 
+class _Timings(NamedTuple):
+    """A run's stream timings from its trace (ms)."""
+
+    forward_ms: float | None
+    idle_ms: float | None
+    """The mean gap between forwards."""
+    step_ms: float
+    schedule_ms: float | None
+    """The scheduler's write per step."""
+    ideal_ms: float | None
+    """The mean of the longer of a forward and that write: what a perfect overlap takes."""
+
+
+def _timings(tl: Timeline, elapsed_s: float, steps: int) -> _Timings:
+    from warcore.audit.trace_export import SCHEDULE_STREAM
+
+    fw = [f for f in tl.forwards if f.items]
+    gaps = tl.forward_gaps()
+    writes = [s for s in tl.streams.get(SCHEDULE_STREAM, []) if s.label == "schedule_write"]
+    sched_ms = tl.busy(SCHEDULE_STREAM) / len(writes) * 1e3 if writes else None
+    idle_ms = statistics.fmean(gaps) * 1e3 if gaps else None
+    if not fw:
+        return _Timings(None, idle_ms, elapsed_s * 1e3 / max(1, steps), sched_ms, None)
+    spans = [(f.end - f.start) * 1e3 for f in fw]
+    step_ms = (fw[-1].end - fw[0].start) * 1e3 / max(1, steps)
+    ideal = statistics.fmean(max(s, sched_ms or 0.0) for s in spans)
+    return _Timings(statistics.fmean(spans), idle_ms, step_ms, sched_ms, ideal)
+
+
 def run_variant(
     base: EngineConfig,
     variant: Variant,
@@ -168,7 +198,7 @@ def run_variant(
     oracle: dict[int, list[int]] | None = None,
 ) -> tuple[RunSample, dict[int, list[int]]]:
     """Run ``trace`` once with ``variant`` on a fresh engine; the sample and the outputs."""
-    from warcore.audit.trace_export import SCHEDULE_STREAM, Timeline, TraceRecorder
+    from warcore.audit.trace_export import Timeline, TraceRecorder
     from warcore.engine import Engine
 
     cfg = replace(
@@ -194,30 +224,13 @@ def run_variant(
             for g in group.graphs.values()
         )
         report = engine.run(trace, observer=recorder)
-    tl = Timeline(recorder)
     steps = sum(report.forwards.values())
-    fw = [f for f in tl.forwards if f.items]
-    gaps = tl.forward_gaps()
-    writes = [s for s in tl.streams.get(SCHEDULE_STREAM, []) if s.label == "schedule_write"]
-    sched_ms = tl.busy(SCHEDULE_STREAM) / len(writes) * 1e3 if writes else None
-    if fw:
-        spans = [(f.end - f.start) * 1e3 for f in fw]
-        forward_ms: float | None = statistics.fmean(spans)
-        step_ms = (fw[-1].end - fw[0].start) * 1e3 / max(1, steps)
-        ideal: float | None = statistics.fmean(max(s, sched_ms or 0.0) for s in spans)
-    else:
-        forward_ms = ideal = None
-        step_ms = report.elapsed_s * 1e3 / max(1, steps)
     sample = RunSample(
         tokens=report.tokens,
         elapsed_s=report.elapsed_s,
         tokens_per_s=report.tokens_per_s,
         steps=steps,
-        forward_ms=forward_ms,
-        idle_ms=statistics.fmean(gaps) * 1e3 if gaps else None,
-        step_ms=step_ms,
-        schedule_ms=sched_ms,
-        ideal_ms=ideal,
+        **_timings(Timeline(recorder), report.elapsed_s, steps)._asdict(),
         barriers=dict(report.barriers),
         published={
             f"{mode.name}:{point.value}": n
@@ -415,6 +428,33 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+_OVERLAP_COLUMNS = [
+    "variant",
+    "tokens/s",
+    "x fine",
+    "idle ms/gap",
+    "x fine",
+    "step ms",
+    "barriers",
+    "wrong runs",
+]
+
+
+def _overlap_row(name: str, r: dict[str, Any]) -> list[str]:
+    tps, ratio = r["tokens_per_s"], r["tokens_per_s_ratio_to_fine"]
+    idle, iratio = r["idle_ms_per_gap"], r["idle_ratio_to_fine"]
+    return [
+        name,
+        f"{tps['median']:.0f} ({tps['min']:.0f})",
+        f"{ratio['median']:.3f} ({ratio['min']:.3f})",
+        "-" if idle is None else f"{idle['median']:.2f} ({idle['min']:.2f})",
+        "-" if iratio is None else f"{iratio['median']:.1f}",
+        f"{r['step_ms']['median']:.1f}",
+        ", ".join(f"{k} {v}" for k, v in sorted(r["barriers"].items())) or "-",
+        str(r["runs_differing_from_serial"]),
+    ]
+
+
 def overlap_table(result: dict[str, Any]) -> str:
     m = result["model"]
     head = (
@@ -423,35 +463,8 @@ def overlap_table(result: dict[str, Any]) -> str:
         f"F = {m['forward_s'] * 1e3:.1f} ms, scheduler work {m['schedule_work_s'] * 1e3:.1f} ms "
         f"({m['schedule_work_fraction']:.0%} of F); median (min) of {m['repeat']} rounds"
     )
-    rows = []
-    for name, r in result["variants"].items():
-        tps, ratio = r["tokens_per_s"], r["tokens_per_s_ratio_to_fine"]
-        idle, iratio = r["idle_ms_per_gap"], r["idle_ratio_to_fine"]
-        rows.append(
-            [
-                name,
-                f"{tps['median']:.0f} ({tps['min']:.0f})",
-                f"{ratio['median']:.3f} ({ratio['min']:.3f})",
-                "-" if idle is None else f"{idle['median']:.2f} ({idle['min']:.2f})",
-                "-" if iratio is None else f"{iratio['median']:.1f}",
-                f"{r['step_ms']['median']:.1f}",
-                ", ".join(f"{k} {v}" for k, v in sorted(r["barriers"].items())) or "-",
-                str(r["runs_differing_from_serial"]),
-            ]
-        )
-    table = format_table(
-        [
-            "variant",
-            "tokens/s",
-            "x fine",
-            "idle ms/gap",
-            "x fine",
-            "step ms",
-            "barriers",
-            "wrong runs",
-        ],
-        rows,
-    )
+    rows = [_overlap_row(name, r) for name, r in result["variants"].items()]
+    table = format_table(_OVERLAP_COLUMNS, rows)
     c = result["checks"]
     tail = "\n".join(
         f"{label} tokens/s, per round: median {r['median']:.3f}, min {r['min']:.3f}, "

@@ -97,7 +97,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def _configure_run(parser: argparse.ArgumentParser) -> None:
     """The options after the engine's (in ``--help``'s order): checks, flags, modelled
-    device time, the trace file and the progress bar."""
+    device time, then staging, the pool, the trace file and the progress bar."""
+    _configure_checks_and_time(parser)
+    _configure_staging_and_output(parser)
+
+
+def _configure_checks_and_time(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-verify", action="store_true", help="skip the serial-loop comparison of tokens"
     )
@@ -132,6 +137,9 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         "audit warns)",
     )
     add_in_graph_event(parser)
+
+
+def _configure_staging_and_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-prefill-staging",
         action="store_true",
