@@ -211,13 +211,14 @@ def _spread(values: list[float]) -> dict[str, float]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     loads = [os.getloadavg()[0]]
+    rounds = 0 if args.meter_only else args.rounds
     with tempfile.TemporaryDirectory(prefix="warcore-bench-server-") as tmp:
         model = serving.write_tiny_model(Path(tmp) / "model")
         names = list(VARIANTS)
         for k in range(args.warmup):  # the first start after a while reads a cold page cache
             row = _one("sglang", model, Path(tmp) / f"warmup{k}", args)
             print(f"warm-up run (discarded): start-up {row['startup_s']:6.2f} s", flush=True)
-        for rnd in range(0 if args.meter_only else args.rounds):
+        for rnd in range(rounds):
             order = names[rnd % len(names) :] + names[: rnd % len(names)]
             for variant in order:
                 row = _one(variant, model, Path(tmp) / f"r{rnd}", args)
@@ -235,7 +236,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "warcore inside sglang's real Engine on a CPU: start-up, TTFT, "
         "decode tokens/s; sglang alone vs warcore active, with an A/A control",
-        "rounds": 0 if args.meter_only else args.rounds,
+        "rounds": rounds,
         "warmup_runs_discarded": args.warmup,
         "batch": args.batch,
         "new_tokens": args.new_tokens,
