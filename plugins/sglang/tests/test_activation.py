@@ -575,3 +575,75 @@ def test_a_worker_module_sglang_imports_after_the_scheduler_is_checked_and_patch
         "eagle_worker_v2": [True, True],
         "multi_layer_eagle_worker_v2": [True, True],
     }, done.stderr[-3000:]
+
+
+@pytest.mark.skipif(RELEASE.prefill != "resolver", reason="only 0.5.23 has the prefill resolver")
+def test_sglangs_own_code_in_one_thread_leaves_another_threads_points_bounded(
+    installed: Any,
+) -> None:
+    """While one thread is inside sglang's prefill resolver (whose nested declaration points
+    answer sglang's own), another thread's patched points still answer warcore's bound: the
+    depth that says "sglang's own code" is per thread."""
+    import threading
+
+    sgl = _sgl()
+    installed.set_force_coarse(True)  # warcore's answer: UNKNOWN everywhere, sglang's: not
+    inside, release = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+    slow = leaf("triton", algorithm("none"))
+
+    def snapshot(forward_batch: Any, *, num_qo_tokens: int) -> Any:
+        seen["nested"] = slow.shared_read_ends(sgl.mode.DECODE)  # sglang's own, in this thread
+        inside.set()
+        assert release.wait(10)
+        return sgl.ends.PRE_REPLAY
+
+    slow._snapshot_prefill_shared_reads = snapshot
+    batch = SimpleNamespace(forward_mode=sgl.mode.EXTEND)
+    worker = threading.Thread(
+        target=lambda: seen.update(
+            answer=slow.resolve_prefill_shared_read_ends(batch, num_qo_tokens=8)
+        )
+    )
+    worker.start()
+    try:
+        assert inside.wait(10)
+        other = leaf("trtllm_mha", algorithm("none"))
+        assert other.shared_read_ends(sgl.mode.DECODE) is sgl.ends.UNKNOWN  # bounded here
+        assert _runner()._resolve_shared_read_ends(other, sgl.mode.DECODE) is sgl.ends.UNKNOWN
+    finally:
+        release.set()
+        worker.join(10)
+    assert seen["nested"] is sgl.ends.IN_REPLAY  # the declaration as sglang states it
+    assert seen["answer"] is sgl.ends.UNKNOWN  # sglang's PRE_REPLAY, bounded by force-coarse
+
+
+@pytest.mark.skipif(RELEASE.prefill != "resolver", reason="only 0.5.23 has the prefill resolver")
+def test_a_prefill_decision_that_fails_is_unknown_in_one_line_never_a_traceback(
+    installed: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plugin raising on the prefill, or warcore's own decision failing there, is the
+    coarse fence for the batch, said once naming what failed; sglang's call never raises."""
+    from warcore_sglang.activation import _points
+
+    sgl = _sgl()
+    trt = leaf("trtllm_mha", algorithm("none"))
+    installed.register(Declares("sglang_trtllm_mha", W.EXTEND, RuntimeError("boom")), "boom")
+    assert prefill(trt) is sgl.ends.UNKNOWN  # the core names the plugin: default:failed:boom
+    res = warcore.resolve_shared_read_boundary("sglang_trtllm_mha", W.EXTEND, pm=installed)
+    assert res.source == "default:failed:boom"
+
+    def broken(backend: Any, snapshot: bool) -> Any:
+        raise ValueError("no decision")
+
+    installed.unregister(name="boom")
+    other = leaf("trtllm_mha", algorithm("none"))  # nothing remembered on it: the miss path
+    monkeypatch.setattr(_points, "_prefill_mine", lambda b, s: sgl.ends.PRE_REPLAY)
+    assert prefill(leaf("trtllm_mha", algorithm("none"))) is sgl.ends.PRE_REPLAY  # sglang's
+    monkeypatch.setattr(_points, "_prefill_mine", broken)
+    with caplog.at_level(logging.ERROR, logger="warcore"):
+        for _ in range(3):
+            assert prefill(other) is sgl.ends.UNKNOWN
+    said = [r.getMessage() for r in caplog.records if "no decision" in r.getMessage()]
+    assert len(said) == 1 and "prefill decision of TRTLLMHAAttnBackend" in said[0], said
+    assert "UNKNOWN (coarse fence)" in said[0]
