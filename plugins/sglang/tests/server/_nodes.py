@@ -115,8 +115,7 @@ class Node:
 
     def stop(self) -> None:
         if self.process is not None:
-            serving.stop_tree(self.process.pid, known=self.pids)
-            self.process.wait(timeout=30)
+            serving.stop_tree(self.process, known=self.pids)
             self.returncode = self.process.returncode
 
     def text(self) -> str:

@@ -329,27 +329,44 @@ def _tree(pid: int) -> list[Any]:
         return []
 
 
-def stop_tree(pid: int, grace: float = 15.0, known: list[int] | None = None) -> list[int]:
-    """Stop ``pid`` and every process below it (and the ``known`` pids, in case they were
-    orphaned already): SIGTERM each by pid, wait at most ``grace`` seconds, then SIGKILL what
-    is left. Returns the pids that were still alive."""
+def stop_tree(
+    root: subprocess.Popen[bytes], grace: float = 15.0, known: list[int] | None = None
+) -> list[int]:
+    """Stop the process ``root`` started and every process below it (and the ``known`` pids,
+    in case they were orphaned already): SIGTERM each, wait at most ``grace`` seconds, then
+    SIGKILL what is left. Returns the pids that were still alive.
+
+    ``root`` is waited for through its ``Popen`` alone: a psutil wait on a child of this process
+    reaps it, and the ``Popen`` then answers the ``ECHILD`` with exit status 0 (CPython's
+    documented fallback), a clean exit that never happened."""
     import psutil
 
-    procs = _tree(pid)
+    running = root.poll() is None
+    # once reaped, root's pid may belong to another process: only its recorded tree counts
+    procs = _tree(root.pid)[1:] if running else []
     for extra in known or []:
         with contextlib.suppress(psutil.NoSuchProcess):
             p = psutil.Process(extra)
-            if p not in procs:
+            if p.pid != root.pid and p not in procs:
                 procs.append(p)
-    alive = [p.pid for p in procs if p.is_running()]
+    alive = ([root.pid] if running else []) + [p.pid for p in procs if p.is_running()]
+    if running:
+        root.send_signal(signal.SIGTERM)
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
     _, rest = psutil.wait_procs(procs, timeout=grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        root.wait(timeout=max(0.0, deadline - time.monotonic()))
+    if root.poll() is None:
+        root.kill()
     for p in rest:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(rest, timeout=grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        root.wait(timeout=grace)
     return alive
 
 
@@ -423,7 +440,7 @@ def run_engine(
         if not _watch(child, time.monotonic() + timeout, known):
             raise ServerError(f"{name}: no result within {timeout:.0f} s; log {log}:\n{_tail(log)}")
     finally:
-        stop_tree(child.pid, known=known)
+        stop_tree(child, known=known)
     if child.returncode != 0 or not out.is_file():
         raise ServerError(f"{name}: exited {child.returncode}; log {log}:\n{_tail(log)}")
     result: dict[str, Any] = json.loads(out.read_text())
@@ -457,7 +474,7 @@ def run_refused_engine(
             time.sleep(0.5)
         leftover = [pid for pid in known if _alive(pid)]
     finally:
-        stop_tree(child.pid, known=known)
+        stop_tree(child, known=known)
     if child.returncode == 0 or out.is_file():
         raise ServerError(f"{name}: started and served; log {log}")
     return {
@@ -623,8 +640,7 @@ class HttpServer:
 
     def stop(self) -> None:
         if self.process is not None:
-            stop_tree(self.process.pid, known=self.pids)
-            self.process.wait(timeout=30)
+            stop_tree(self.process, known=self.pids)
 
 
 if __name__ == "__main__":
