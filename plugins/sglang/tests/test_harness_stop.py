@@ -90,3 +90,14 @@ def test_an_orphan_named_in_known_is_stopped_too() -> None:
     while not _ended(orphan):
         assert time.monotonic() < deadline, "the orphan is still running"
         time.sleep(0.05)
+
+
+def test_a_pid_instead_of_the_popen_is_refused_naming_it() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with pytest.raises(TypeError, match=rf"not int {child.pid} \(its exit status"):
+            harness.stop_tree(child.pid)  # type: ignore[arg-type]
+        assert child.poll() is None  # refused before touching anything
+    finally:
+        harness.stop_tree(child, grace=5)
+    assert child.returncode == -signal.SIGTERM

@@ -341,6 +341,11 @@ def stop_tree(
     documented fallback), a clean exit that never happened."""
     import psutil
 
+    if not isinstance(root, subprocess.Popen):  # a pid, as stop_tree took before 2026-12-05
+        raise TypeError(
+            f"stop_tree: root must be the subprocess.Popen that started the process, not "
+            f"{type(root).__name__} {root!r} (its exit status is read through the Popen)"
+        )
     running = root.poll() is None
     # once reaped, root's pid may belong to another process: only its recorded tree counts
     procs = _tree(root.pid)[1:] if running else []
