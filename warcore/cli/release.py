@@ -1,6 +1,7 @@
-"""``warcore release ENGINE VERSION|WHEEL [--against AUDITED_VERSION]``: a new engine release
-against the nearest audited one, and a draft data entry for it
-(:mod:`warcore.integration.release_diff`).
+"""``warcore release ENGINE VERSION|WHEEL [--against AUDITED_VERSION] [--write-surface]``: a new
+engine release against the nearest audited one, and a draft data entry for it
+(:mod:`warcore.integration.release_diff`); with ``--write-surface``, the release's WAR surface
+written to the integration's surfaces folder (:mod:`warcore.integration.surface`).
 
 Engines come only through the entry-point group ``warcore.integrations``
 (:func:`warcore.integration.releases.load_engines`); torch-free, and nothing of the engine is
@@ -10,6 +11,8 @@ imported.
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 
 from warcore.cli._common import Command, UsageError
@@ -21,7 +24,8 @@ from warcore.integration.release_diff import (
     wheel_of,
 )
 from warcore.integration.releases import ENGINES, Engine, load_engines
-from warcore.integration.wheel import SourceTree
+from warcore.integration.surface import compute, dump
+from warcore.integration.wheel import SourceTree, Wheel
 
 __all__ = ["RELEASE"]
 
@@ -43,6 +47,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         metavar="AUDITED_VERSION",
         help="the audited release to compare with (default: the highest audited at or below "
         "the version, else the lowest above it)",
+    )
+    parser.add_argument(
+        "--write-surface",
+        action="store_true",
+        help="write the release's WAR surface to the integration's surfaces folder "
+        "(<version>.json, to review and commit) instead of comparing",
     )
 
 
@@ -67,12 +77,39 @@ def _run(args: argparse.Namespace) -> int:
         if not isinstance(target, Path):
             choose_base(engine, target, args.against)  # a bad --against before any download
         with wheel_of(engine, target) as wheel:
+            if args.write_surface:
+                print(_write_surface(engine, wheel))
+                return 0
             base = choose_base(engine, wheel.version, args.against)
             comparison = compare(engine, wheel, SourceTree.of_wheel(wheel.path), base)
     except BadInput as exc:
         raise UsageError(str(exc)) from None
     print(comparison.report())
     return comparison.exit_status
+
+
+def _write_surface(engine: Engine, wheel: Wheel) -> str:
+    """The wheel's surface written (whole or not at all) where the engine keeps it."""
+    path = engine.surface_file(str(wheel.version))
+    if not engine.surface or path is None:
+        raise BadInput(f"{engine.name}: the integration declares no WAR surface")
+    surface = compute(engine.surface, SourceTree.of_wheel(wheel.path))
+    text = dump(
+        surface,
+        engine=engine.name,
+        version=str(wheel.version),
+        wheel=wheel.name,
+        sha256=wheel.sha256,
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as file:
+            file.write(text)
+        os.replace(file.name, path)
+    except OSError as exc:
+        raise BadInput(f"{engine.name}: cannot write {path}: {exc.strerror or exc}") from None
+    entries = sum(len(rows) for rows in surface.values())
+    return f"wrote {path}: {len(surface)} sections, {entries} entries (review, then commit it)"
 
 
 RELEASE = Command(

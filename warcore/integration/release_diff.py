@@ -30,8 +30,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .checks import Check
-from .engine_code import ShapeMismatch, audit_in_source
+from .engine_code import ShapeMismatch
 from .releases import Engine, Release
+from .surface import Difference, compute, differences, load
 from .wheel import FETCH_TIMEOUT_S, BadWheel, FetchFailed, SourceTree, Wheel, fetched, open_wheel
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "Comparison",
     "FunctionRow",
     "Status",
+    "SurfaceResult",
     "choose_base",
     "compare",
     "parse_target",
@@ -143,7 +145,11 @@ class FunctionRow:
     found: tuple[str, str] | None = None
     """(signature, digest) in the new release (where it moved to, for a moved one)."""
     moved_to: tuple[str, ...] = ()
-    """The modules defining it now, for a moved one (the first is the draft's)."""
+    """The modules defining it now, for a moved one (the first is the draft's); for a gone
+    one, those defining other code under its name (not it: its digest differs)."""
+    moved_as: str = ""
+    """Its qualified name where it moved, when that differs: the base class of its class
+    that now defines it (``Mixin.method``)."""
 
     def draft_rows(self) -> dict[str, dict[str, tuple[str, str] | None]]:
         """module -> qualname -> row: what the draft entry changes for this function."""
@@ -153,8 +159,12 @@ class FunctionRow:
             return {self.module: {self.qualname: None}}
         # a signature-only row ("" digest) stays one
         row = (self.found[0], self.found[1] if self.audited[1] else "")
-        if self.status == Status.MOVED:
-            return {self.module: {self.qualname: None}, self.moved_to[0]: {self.qualname: row}}
+        if self.status == Status.MOVED:  # the row kept, where Python now finds the function
+            rows: dict[str, dict[str, tuple[str, str] | None]] = {
+                self.module: {self.qualname: None}
+            }
+            rows.setdefault(self.moved_to[0], {})[self.moved_as or self.qualname] = row
+            return rows
         return {self.module: {self.qualname: row}}
 
     def detail(self) -> str:
@@ -164,7 +174,16 @@ class FunctionRow:
         if self.status == Status.SIGNATURE and found is not None:
             return f"{old_signature} -> {found[0]}"
         if self.status == Status.MOVED:
-            return f"now in {', '.join(self.moved_to)}"
+            where = f"now in {', '.join(self.moved_to)}"
+            if self.moved_as:
+                where += f" as {self.moved_as}, a base of {self.qualname.rpartition('.')[0]}"
+            if found is not None and found[0] != old_signature:
+                return f"{where}; {old_signature} -> {found[0]}"
+            if found is not None and old_digest and found[1] != old_digest:
+                return f"{where}; digest {old_digest} -> {found[1]}"
+            return where
+        if self.status == Status.GONE and self.moved_to:
+            return f"none has its audited code; other code of that name: {', '.join(self.moved_to)}"
         if self.status == Status.GONE:
             return "no module of the wheel defines it"
         return ""
@@ -178,36 +197,41 @@ class CheckResult:
     """``None``: the check holds in the new release's source."""
 
 
-def _audit(source: str | None, qualname: str) -> tuple[str, str] | None:
-    """(signature, digest) of ``qualname`` in ``source``; ``None`` where it is not defined
-    there (or the module does not parse)."""
-    if source is None:
-        return None
-    try:
-        return audit_in_source(source, qualname)
-    except (LookupError, SyntaxError, ValueError, RecursionError, ShapeMismatch):
-        return None
-
-
 def _function_row(
     tree: SourceTree, module: str, qualname: str, audited: tuple[str, str]
 ) -> FunctionRow:
-    found = _audit(tree.source(module), qualname)
+    found = tree.function(module, qualname)  # what Python runs: the last def, a package first
     if found is None:
-        *owners, name = qualname.split(".")
-        words = [f"def {name}", *(f"class {owner}" for owner in owners[:1])]
-        elsewhere = [
-            m for m in tree.mentioning(*words) if m != module and _audit(tree.source(m), qualname)
-        ]
-        if not elsewhere:
-            return FunctionRow(module, qualname, audited, Status.GONE)
-        moved = _audit(tree.source(elsewhere[0]), qualname)
-        return FunctionRow(module, qualname, audited, Status.MOVED, moved, tuple(elsewhere))
+        return _missing_row(tree, module, qualname, audited)
     if found[0] != audited[0]:
         return FunctionRow(module, qualname, audited, Status.SIGNATURE, found)
     if audited[1] and found[1] != audited[1]:
         return FunctionRow(module, qualname, audited, Status.BODY, found)
     return FunctionRow(module, qualname, audited, Status.UNCHANGED, found)
+
+
+def _missing_row(
+    tree: SourceTree, module: str, qualname: str, audited: tuple[str, str]
+) -> FunctionRow:
+    """A function its module no longer defines: ``moved`` into a base class of its class
+    (the method Python finds through the bases), or to another module that defines it with
+    its audited code (its digest; a signature-only row: its signature), else ``gone``,
+    naming the modules that define other code under its name."""
+    base = tree.inherited(module, qualname)
+    if base is not None:
+        moved = tree.function(*base)
+        return FunctionRow(module, qualname, audited, Status.MOVED, moved, (base[0],), base[1])
+    others = {m: row for m, row in tree.definitions(qualname).items() if m != module}
+    same = [m for m, row in others.items() if _same_code(row, audited)]
+    if same:
+        return FunctionRow(module, qualname, audited, Status.MOVED, others[same[0]], tuple(same))
+    return FunctionRow(module, qualname, audited, Status.GONE, moved_to=tuple(others))
+
+
+def _same_code(found: tuple[str, str], audited: tuple[str, str]) -> bool:
+    """``found`` is the audited function: its digest, or, for a signature-only row (digest
+    ``""``), its signature."""
+    return found[1] == audited[1] if audited[1] else found[0] == audited[0]
 
 
 def _check_result(tree: SourceTree, module: str, check: Check) -> CheckResult:
@@ -218,6 +242,30 @@ def _check_result(tree: SourceTree, module: str, check: Check) -> CheckResult:
     except Exception as exc:  # a source this reader cannot follow: a human reads it
         return CheckResult(module, check.name, f"not evaluated from source: {exc!r}")
     return CheckResult(module, check.name, None)
+
+
+@dataclass(frozen=True)
+class SurfaceResult:
+    """The wheel's WAR surface against the base release's recorded one."""
+
+    base_file: Path
+    differences: tuple[Difference, ...]
+    unread: str | None = None
+    """Why the base's surface was not compared (its file absent or unreadable)."""
+
+
+def compare_surface(engine: Engine, tree: SourceTree, base: Release) -> SurfaceResult | None:
+    """The engine's surface of ``tree`` against ``base``'s file; ``None`` for an engine that
+    declares no surface."""
+    path = engine.surface_file(base.version)
+    if not engine.surface or path is None:
+        return None
+    try:
+        recorded, _ = load(path)
+    except ValueError as exc:
+        why = "not recorded" if not path.exists() else str(exc)
+        return SurfaceResult(path, (), why)
+    return SurfaceResult(path, tuple(differences(recorded, compute(engine.surface, tree))))
 
 
 def compare(engine: Engine, wheel: Wheel, tree: SourceTree, base: Release) -> Comparison:
@@ -233,7 +281,8 @@ def compare(engine: Engine, wheel: Wheel, tree: SourceTree, base: Release) -> Co
         for check in module_checks
     )
     missing = tuple(m for m in base.watched if not tree.is_module(m))
-    return Comparison(engine, wheel, base, rows, missing, checks)
+    surface = compare_surface(engine, tree, base)
+    return Comparison(engine, wheel, base, rows, missing, checks, surface)
 
 
 # -- what is printed --------------------------------------------------------------------------
@@ -292,6 +341,7 @@ class Comparison:
     missing_watched: tuple[str, ...]
     """Watched modules the wheel does not have."""
     checks: tuple[CheckResult, ...]
+    surface: SurfaceResult | None = None
 
     @property
     def version(self) -> str:
@@ -306,8 +356,17 @@ class Comparison:
         return [check for check in self.checks if check.failure is not None]
 
     @property
+    def surface_differences(self) -> tuple[Difference, ...]:
+        return self.surface.differences if self.surface is not None else ()
+
+    @property
+    def surface_unread(self) -> bool:
+        return self.surface is not None and self.surface.unread is not None
+
+    @property
     def needs_review(self) -> bool:
-        return bool(self.changed or self.missing_watched or self.failing)
+        differ = self.surface_differences or self.surface_unread
+        return bool(self.changed or self.missing_watched or self.failing or differ)
 
     @property
     def exit_status(self) -> int:
@@ -327,6 +386,7 @@ class Comparison:
             "",
             *self._check_lines(),
             "",
+            *self._surface_lines(),
             self._verdict(),
         ]
         if self.needs_review or self.version != self.base.version:
@@ -355,6 +415,24 @@ class Comparison:
         ]
         return [head, *_grouped(table)]
 
+    def _surface_lines(self) -> list[str]:
+        result = self.surface
+        if result is None:
+            return []
+        base = f"{self.base.version}'s ({result.base_file.name})"
+        if result.unread is not None:
+            return [f"WAR surface: {base} {result.unread}: not compared", ""]
+        found = result.differences
+        kinds = ", ".join(
+            f"{sum(d.kind == k for d in found)} {k}" for k in ("added", "removed", "changed")
+        )
+        lines = [f"WAR surface against {base}: {len(found)} differ ({kinds})"]
+        for index, difference in enumerate(found):
+            if index == 0 or found[index - 1].section != difference.section:
+                lines.append(f"  {difference.section}")
+            lines.append(f"    {difference.kind:<8} {difference.key}: {_shown(difference)}")
+        return [*lines, ""]
+
     def _verdict(self) -> str:
         if not self.needs_review:
             if self.version == self.base.version:
@@ -364,6 +442,8 @@ class Comparison:
             (len(self.changed), "relied-on function(s) differ"),
             (len(self.missing_watched), "watched module(s) missing"),
             (len(self.failing), "check(s) fail"),
+            (len(self.surface_differences), "WAR surface entr(ies) differ"),
+            (int(self.surface_unread), "WAR surface not compared"),
         ]
         return "review needed: " + "; ".join(f"{n} {what}" for n, what in parts if n)
 
@@ -410,6 +490,9 @@ class Comparison:
             for m in self.missing_watched
         ]
         notes += [f"check fails in {c.module}: {c.failure}" for c in self.failing]
+        notes += [f"surface: {_cut(d.line())}" for d in self.surface_differences]
+        if self.surface is not None and self.surface.unread is not None:
+            notes.append(f"surface: {self.surface.base_file} {self.surface.unread}")
         return [line for note in notes for line in _comment(f"REVIEW: {note}", "    ")]
 
     def _evidence(self, today: datetime.date | None) -> str:
@@ -421,12 +504,27 @@ class Comparison:
         )
 
 
+_SHOWN = 240
+"""Characters of a surface entry shown (its whole text is in the surface files)."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 5] + " (...)"
+
+
+def _shown(difference: Difference) -> str:
+    old, new = difference.old, difference.new
+    if old is None or new is None:
+        return _cut(old or new or "")
+    return _cut(f"{old} -> {new}")
+
+
 def _draft_row(qualname: str, row: FunctionRow, value: tuple[str, str] | None) -> list[str]:
     indent = "            "
     if row.status == Status.MOVED and value is None:
         note = f"REVIEW: moved to {', '.join(row.moved_to)} (watched there? patched there?)"
     elif row.status == Status.MOVED:
-        note = f"REVIEW: moved here from {row.module}"
+        note = f"REVIEW: moved here from {row.module} ({row.qualname}): {row.detail()}"
     else:
         note = f"{row.status}: {row.detail()}"
     lines = _comment(note, indent)

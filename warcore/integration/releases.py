@@ -21,9 +21,11 @@ import importlib.metadata as metadata
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from .checks import Check
+from .surface import Spec
 
 __all__ = [
     "ENGINES",
@@ -129,6 +131,15 @@ class Engine:
     releases: Mapping[str, Release]
     data_module: str
     """The module holding :attr:`releases` (where a new entry goes)."""
+    surface: Spec = ()
+    """What the engine's WAR surface is (:mod:`warcore.integration.surface`): its extractors,
+    each one section; none, no surface compared."""
+    surfaces: Path | None = None
+    """The folder holding each audited release's surface, ``<version>.json`` (reviewed,
+    committed; written by ``warcore release ENGINE WHEEL --write-surface``)."""
+
+    def surface_file(self, version: str) -> Path | None:
+        return self.surfaces / f"{version}.json" if self.surfaces is not None else None
 
 
 def _shown(exc: BaseException) -> str:

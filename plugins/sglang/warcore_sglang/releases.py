@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from warcore.integration.checks import (
     AssignedOnlyIn,
@@ -30,6 +31,14 @@ from warcore.integration.checks import (
     NotRedefined,
 )
 from warcore.integration.releases import Engine, Release, by_version
+from warcore.integration.surface import (
+    Definers,
+    EnumMembers,
+    References,
+    Registry,
+    Spec,
+    Switches,
+)
 
 __all__ = ["ENGINE", "RELEASES", "SglangRelease"]
 
@@ -331,5 +340,50 @@ _0_5_21 = _0_5_22.derive(
 RELEASES: dict[str, SglangRelease] = by_version((_0_5_21, _0_5_22, _0_5_23))
 """Every audited sglang release, oldest first, by its exact version string."""
 
-ENGINE = Engine("sglang", "sglang", RELEASES, __name__)
+SURFACE: Spec = (
+    # every class binding a declaration point, the decode runner's publish phase or an event
+    # owner (a new speculative worker with its own owner is a new row), with its digest
+    Definers(
+        "declaration points",
+        (
+            "shared_read_ends",
+            "resolve_prefill_shared_read_ends",
+            "_snapshot_prefill_shared_reads",
+            "supports_prefill_shared_read_done",
+            "_publish_read_done",
+            "_record_in_graph_metadata_prep_done",
+            "last_shared_read_runner",
+        ),
+    ),
+    # every function reading the read-done event or the owner, or calling the barrier or the
+    # prefill publisher, wherever it lives (watched or not), with each use
+    References(
+        "event readers and barrier callers",
+        (
+            "shared_read_done_event",
+            "last_shared_read_runner",
+            "_apply_war_barrier",
+            "maybe_publish_prefill_shared_read_done",
+        ),
+    ),
+    Switches("WAR switches", S + "environ", "Envs", r"(^|_)WAR(_|$)"),
+    EnumMembers("ForwardMode", S + "model_executor.forward_batch_info", "ForwardMode"),
+    EnumMembers("SpeculativeAlgorithm", S + "speculative.spec_info", "SpeculativeAlgorithm"),
+    Registry(
+        "attention registry",
+        S + "layers.attention.attention_registry",
+        decorator="register_attention_backend",
+    ),
+)
+"""sglang's WAR surface (``warcore release`` compares a release's with the base entry's,
+kept in ``surfaces/<version>.json``)."""
+
+ENGINE = Engine(
+    "sglang",
+    "sglang",
+    RELEASES,
+    __name__,
+    surface=SURFACE,
+    surfaces=Path(__file__).with_name("surfaces"),
+)
 """warcore-sglang as ``warcore release`` sees it (entry point ``warcore.integrations``)."""

@@ -17,12 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from warcore.core import SharedReadBoundary
 from warcore.integration.checks import Calls, Check, Globals
 from warcore.integration.releases import Engine, Release, by_version
+from warcore.integration.surface import (
+    Branches,
+    ClassMembers,
+    Constructions,
+    References,
+    Spec,
+    StepRunners,
+)
 
-from ._names import COPY_EVENT, RingUser
+from .declarations import COPY_EVENT, RingUser
 
 __all__ = ["ENGINE", "RELEASES", "VllmRelease"]
 
@@ -561,5 +570,33 @@ RELEASES: dict[str, VllmRelease] = by_version((_0_33_0, _0_34_0))
 """Every audited vLLM release, oldest first, by its exact version string (``0.33.0+cpu`` and
 other local builds are other code)."""
 
-ENGINE = Engine("vllm", "vllm", RELEASES, __name__)
+SURFACE: Spec = (
+    # the ring itself: a new method is a new entry point (0.34.0's copy_chunks_to_uva)
+    ClassMembers("ring entry points", BUFFERS, "UvaBufferPool"),
+    # every caller of an entry point, wherever it lives, with each call
+    References("ring callers", ("copy_to_uva", "copy_chunks_to_uva", "_next_buf")),
+    # the ring users, by owner: every pool or pooled tensor constructed
+    Constructions(
+        "ring users",
+        ("UvaBufferPool", "UvaBackedTensor", "StagedWriteTensor", "FusedStagedWriter"),
+    ),
+    # every function that runs steps (or hands the step functions on), with where it waits
+    StepRunners(
+        "step runners",
+        steps=("worker_execute_model", "worker_sample_tokens", "_run_step"),
+        waits=("synchronize", "_sync_device", "synchronize_input_prep"),
+    ),
+    Branches("ring depth", "vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
+)
+"""vLLM's WAR surface (``warcore release`` compares a release's with the base entry's, kept
+in ``surfaces/<version>.json``)."""
+
+ENGINE = Engine(
+    "vllm",
+    "vllm",
+    RELEASES,
+    __name__,
+    surface=SURFACE,
+    surfaces=Path(__file__).with_name("surfaces"),
+)
 """warcore-vllm as ``warcore release`` sees it (entry point ``warcore.integrations``)."""
