@@ -71,6 +71,9 @@ class SglangRelease(Release):
         {"launcher", "engine", "scheduler", "detokenizer", "dp-controller"}
     )
     """The processes that call ``load_plugins()`` (so say a start-up line)."""
+    lacks: Mapping[str, str] = field(default_factory=dict)
+    """``module:qualname`` of a function a later release has and warcore relies on there ->
+    what this release does instead (said, so an absent row is a fact, not an omission)."""
 
 
 _REGISTRY_0_5_23: dict[str, str] = {
@@ -147,6 +150,48 @@ _CHECKS: dict[str, tuple[Check, ...]] = {
     ),
 }
 
+PREFILL_LOOP = "SchedulerDisaggregationPrefillMixin.event_loop_overlap_disagg_prefill"
+DECODE_LOOP = "SchedulerDisaggregationDecodeMixin.event_loop_overlap_disagg_decode"
+COARSE_READER = "SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse"
+
+_SCALE_OUT_CHECKS: dict[str, tuple[Check, ...]] = {
+    # both disaggregated overlap loops apply the barrier after launching a batch
+    S + "disaggregation.prefill": (Calls(PREFILL_LOOP, "_apply_war_barrier"),),
+    S + "disaggregation.decode": (Calls(DECODE_LOOP, "_apply_war_barrier"),),
+    # the actor class RayEngine builds (`SchedulerActor.options(...).remote(...)`)
+    S + "ray.engine": (Globals(("SchedulerActor", "_create_scheduler_actor")),),
+    S + "ray.scheduler_actor": (Globals(("SchedulerActor",)),),
+}
+"""Where sglang scales out (disaggregation, Ray actors): the shape warcore relies on beyond the
+rows' digests. These modules are rows and checks of each entry, not watched: nothing of them is
+patched, and ``SchedulerActor`` is a Ray actor class (``@ray.remote``) whose live methods are
+Ray's, so the rows are checked from source (``warcore release``, the wheel tests)."""
+
+_SCALE_OUT_0_5_23 = {
+    S + "disaggregation.prefill": {
+        # reads the owner's read-done event: a coarse barrier is deferred past result
+        # processing (the loop then applies it before the next batch or an idle wait)
+        COARSE_READER: ("(self)", "75d2fdb0c716ca34"),
+        PREFILL_LOOP: ("(self)", "3ac17aea7d193222"),
+    },
+    S + "disaggregation.decode": {DECODE_LOOP: ("(self)", "3895ea749b2e6166")},
+    S + "ray.scheduler_actor": {
+        # builds the Scheduler in the actor, without load_plugins()
+        "SchedulerActor.__init__": (
+            "(self, server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, "
+            "dist_init_addr=None)",
+            "c9e1b52c73fd208d",
+        ),
+    },
+    S + "ray.engine": {
+        "_create_scheduler_actor": (
+            "(pg, bundle_idx, gpu_id, server_args, port_args, tp_rank, pp_rank, dp_rank, "
+            "dist_init_addr, rank0_node_ip)",
+            "ab9c36d27154877c",
+        ),
+    },
+}
+
 _0_5_23 = SglangRelease(
     "0.5.23",
     functions={
@@ -215,6 +260,7 @@ _0_5_23 = SglangRelease(
         S + "managers.scheduler": {
             "Scheduler._apply_war_barrier": ("(self)", "d7d255256af378bc"),
         },
+        **_SCALE_OUT_0_5_23,
     },
     watched={
         S + "environ": "check",
@@ -229,7 +275,14 @@ _0_5_23 = SglangRelease(
         S + "model_executor.runner_utils.shared_read_event": "check",  # the prefill publisher
         S + "managers.scheduler": "scheduler",  # the barrier; the checkpoint
     },
-    checks=_CHECKS,
+    checks={
+        **_CHECKS,
+        **_SCALE_OUT_CHECKS,
+        S + "disaggregation.prefill": (
+            *_SCALE_OUT_CHECKS[S + "disaggregation.prefill"],
+            Calls(PREFILL_LOOP, "_war_barrier_is_coarse"),
+        ),
+    },
     registry=_REGISTRY_0_5_23,
     evidence=(
         "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl (zip entries 2026-10-30): every "
@@ -274,6 +327,18 @@ _0_5_22 = _0_5_23.derive(
                 "ed21c27129e5f9e8",
             ),
         },
+        S + "disaggregation.prefill": {
+            COARSE_READER: None,
+            PREFILL_LOOP: ("(self)", "7cbeb8e57bc67e5b"),
+        },
+    },
+    checks={**_CHECKS, **_SCALE_OUT_CHECKS},
+    lacks={
+        f"{S}disaggregation.prefill:{COARSE_READER}": (
+            "no reader of its own: the disaggregated prefill loop applies the barrier right "
+            "after launching each batch, coarse or not (0.5.23 defers a coarse one past "
+            "result processing)"
+        ),
     },
     watched={
         **_0_5_23.watched,
@@ -322,6 +387,7 @@ _0_5_21 = _0_5_22.derive(
                 "16d76e2df517522c",
             ),
         },
+        S + "disaggregation.prefill": {PREFILL_LOOP: ("(self)", "9555c6382d8ee7da")},
     },
     watched={**_0_5_22.watched, S + "speculative.eagle_draft_extend_cuda_graph_runner": "check"},
     unbounded_owners=frozenset({"draft"}),
