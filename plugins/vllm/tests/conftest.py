@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _vllm_imported() -> None:
     if unaudited() is None:
-        from warcore_vllm import _harness
+        from warcore_vllm.audit import _harness
 
         _harness.preload()
 

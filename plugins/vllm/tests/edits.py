@@ -1,4 +1,4 @@
-"""Edits of a vLLM function's syntax tree, for :func:`warcore_vllm._variants.variant`: each
+"""Edits of a vLLM function's syntax tree, for :func:`warcore_vllm.audit._variants.variant`: each
 takes one guard out of the real code (or puts one in)."""
 
 from __future__ import annotations

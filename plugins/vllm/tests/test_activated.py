@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from warcore_vllm import _bounds, _mrv2, _v2checks, activation, audit
-from warcore_vllm._verdict import SOUND, VIOLATION
-from warcore_vllm._vllm import current, installed_version
+from warcore_vllm import activation, audit
+from warcore_vllm.activation import _bounds
+from warcore_vllm.audit import _mrv2, _v2checks
+from warcore_vllm.audit._verdict import SOUND, VIOLATION
+from warcore_vllm.gate import current, installed_version
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 WARMUP = "vllm.v1.worker.gpu.warmup"

@@ -1,6 +1,6 @@
 """The audit's checks every audited release shares (the V2 ring of 0.33.0's model, the encoder
 runner's ring, the scheduler's KV lifetimes) on vLLM's real classes, each shown failing with
-its guard taken out of the real class in place (:mod:`warcore_vllm._variants`); the command,
+its guard taken out of the real class in place (:mod:`warcore_vllm.audit._variants`); the command,
 on the installed release and on one it has not audited."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from edits import drop_statements
 from vllm_release import requires
-from warcore_vllm import _harness, audit
-from warcore_vllm._variants import replaced, variant
+from warcore_vllm import audit
+from warcore_vllm.audit import _harness
+from warcore_vllm.audit._variants import replaced, variant
 
 SOUND, VIOLATION = audit.SOUND, audit.VIOLATION
 REFUSED = "is not a release warcore-vllm has audited (audited: 0.33.0, 0.34.0, exactly)"
@@ -99,7 +100,7 @@ def test_the_audit_command(
 ) -> None:
     """One verdict per (check, configuration) of the release, exit status 0 with only vLLM's
     own gaps as violations; the output goes to the session's log too."""
-    from warcore_vllm._vllm import current, installed_version
+    from warcore_vllm.gate import current, installed_version
 
     status, text, verdicts = command
     with capsys.disabled():
@@ -118,7 +119,7 @@ def test_the_audit_command(
 
 
 def test_the_gate_accepts_the_installed_release() -> None:
-    from warcore_vllm._vllm import gate_problems
+    from warcore_vllm.gate import gate_problems
 
     assert gate_problems() == []
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from vllm_release import requires
-from warcore_vllm import _entry, _vllm, activation
-from warcore_vllm._vllm import current
+from warcore_vllm import _entry, activation, gate
+from warcore_vllm.gate import current
 
 PATCHED = requires("v1-event")
 """The activation patches the V1 runner: 0.33.0's (0.34.0 removed Model Runner V1)."""
@@ -56,8 +56,8 @@ import vllm.plugins
 vllm.plugins.load_general_plugins()
 print("-- a worker imports its modules --", file=sys.stderr, flush=True)
 import vllm.v1.worker.gpu_worker
-from warcore_vllm import _mrv2, _v2checks
-from warcore_vllm._vllm import current
+from warcore_vllm.audit import _mrv2, _v2checks
+from warcore_vllm.gate import current
 for name in current().preload:  # what the harness builds a runner with; a V2 worker never
     if name != "vllm.v1.worker.gpu_model_runner":  # imports the V1 runner's module
         importlib.import_module(name)
@@ -153,7 +153,7 @@ def test_a_v2_worker_says_what_warcore_changed_once_it_builds_its_runner(process
     """Armed at vLLM's plugin loading; active once its runner is built (not before: the line
     names that runner's ring depth), with each change warcore made in the process."""
     facts, lines = processes["v2"]
-    version = str(_vllm.installed_version())
+    version = str(gate.installed_version())
     armed, modules, builds, active = lines
     assert f"warcore armed on vLLM {version} in" in armed
     assert modules.startswith("-- a worker imports") and builds.startswith("-- it builds")
@@ -179,7 +179,7 @@ def test_an_unaudited_version_is_refused_in_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(_entry.ENV_ACTIVATE, "1")
-    monkeypatch.setattr(_vllm, "installed_version", lambda: "0.33.0+cpu")
+    monkeypatch.setattr(gate, "installed_version", lambda: "0.33.0+cpu")
     level, line = _entry.startup_line()
     assert level == logging.ERROR
     assert "NOT active, vLLM's own guards apply" in line
@@ -202,7 +202,7 @@ def test_installed_after_vllm_imported_its_modules_it_is_active_at_once_naming_t
     one line, active, naming the release in force and what it checked."""
     from warcore_vllm.releases import RELEASES
 
-    version = str(_vllm.installed_version())
+    version = str(gate.installed_version())
     monkeypatch.setenv(_entry.ENV_ACTIVATE, "1")
     try:
         level, line = _entry.startup_line()

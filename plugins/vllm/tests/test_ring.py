@@ -11,11 +11,11 @@ import pytest
 import torch
 from edits import drop_statements, duplicate_statements, insert_after
 from vllm_release import requires
-from warcore_vllm import _kinds, _mrv2, _ring, _steps, _v2checks, _warmup
-from warcore_vllm._device import RecordingDevice
-from warcore_vllm._variants import replaced, variant
-from warcore_vllm._verdict import SOUND, VIOLATION
-from warcore_vllm._vllm import installed_version
+from warcore_vllm.audit import _kinds, _mrv2, _ring, _steps, _v2checks, _warmup
+from warcore_vllm.audit._device import RecordingDevice
+from warcore_vllm.audit._variants import replaced, variant
+from warcore_vllm.audit._verdict import SOUND, VIOLATION
+from warcore_vllm.gate import installed_version
 
 ENTRY_POINTS = {"0.33.0": ("copy_to_uva",), "0.34.0": ("copy_to_uva", "copy_chunks_to_uva")}
 """Read from each wheel's ``UvaBufferPool`` (gpu/buffer_utils.py: 0.33.0 :88-100; 0.34.0
@@ -86,7 +86,7 @@ def test_a_count_of_copy_to_uva_alone_misses_the_chunked_uses() -> None:
 # -- ring-user ---------------------------------------------------------------------------------
 @requires("ring-user")
 def test_every_ring_user_the_runner_holds_is_used_each_step_and_sound() -> None:
-    from warcore_vllm._vllm import current
+    from warcore_vllm.gate import current
 
     ring = _v2checks.every_user_run()
     for user in current().ring_users:

@@ -1,6 +1,6 @@
 """The V1 runner's checks (vLLM 0.33.0: 0.34.0 removed Model Runner V1) on its real classes:
 each verdict for the configurations vLLM guards and for those it does not, a violation once the
-guard it checks is taken out of the real class in place (:mod:`warcore_vllm._variants`), and
+guard it checks is taken out of the real class in place (:mod:`warcore_vllm.audit._variants`), and
 warcore's activation keeping #47644's configuration coarse."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from edits import drop_statements
 from vllm_release import requires
-from warcore_vllm import _harness, audit
-from warcore_vllm._variants import replaced, variant
+from warcore_vllm import audit
+from warcore_vllm.audit import _harness
+from warcore_vllm.audit._variants import replaced, variant
 
 SOUND, VIOLATION = audit.SOUND, audit.VIOLATION
 pytestmark = requires("v1-event")

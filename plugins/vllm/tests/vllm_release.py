@@ -9,7 +9,7 @@ __all__ = ["requires", "unaudited"]
 
 def unaudited() -> str | None:
     """Why the installed vLLM cannot be tested (``None``: it is an audited release)."""
-    from warcore_vllm._vllm import unsupported_reason
+    from warcore_vllm.gate import unsupported_reason
 
     reason = unsupported_reason()
     return None if reason is None else f"{reason}: warcore-vllm's tests need one of them"
@@ -17,7 +17,7 @@ def unaudited() -> str | None:
 
 def requires(check: str, configuration: str | None = None) -> pytest.MarkDecorator:
     """Skip unless the installed release's audit runs ``check`` (in ``configuration``)."""
-    from warcore_vllm._vllm import installed_version
+    from warcore_vllm.gate import installed_version
     from warcore_vllm.releases import RELEASES
 
     version = installed_version()

@@ -27,7 +27,7 @@ from typing import Any
 
 from warcore.cli import JsonOutput, Limit
 
-from ._vllm import current, unsupported_reason
+from .gate import current, unsupported_reason
 
 __all__ = ["main", "measure"]
 

@@ -1,14 +1,14 @@
-"""The staging-ring checks on vLLM's V2 runner (:mod:`warcore_vllm._mrv2`), one verdict per
+"""The staging-ring checks on vLLM's V2 runner (:mod:`warcore_vllm.audit._mrv2`), one verdict per
 ring user and per step kind: every use of a slot per step, through every entry point the
 pool has, against its depth and the steps in flight, and the slot reads of each step held
-until its release point (:mod:`warcore_vllm._ring`).
+until its release point (:mod:`warcore_vllm.audit._ring`).
 
 * ``ring-entry-points``: the pool's entry points read from its code are those the release
   declares (:attr:`warcore_vllm.releases.VllmRelease.entry_points`), and what counting
   ``copy_to_uva`` alone would miss;
 * ``ring-user``: each ring user in the runner that holds every optional one, over six normal
   serving steps (a new request in each: every new-request pool used every step);
-* ``ring-step``: each step kind (:data:`warcore_vllm._kinds.STEP_KINDS`).
+* ``ring-step``: each step kind (:data:`warcore_vllm.audit._kinds.STEP_KINDS`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..gate import current
 from . import _mrv2, _steps
 from ._device import RecordingDevice
 from ._mrv2 import V2, Shape
 from ._ring import RingLedger, cpu_uva, entry_points
 from ._verdict import NOT_NEEDED, SOUND, VIOLATION, Verdict
-from ._vllm import current
 
 __all__ = ["RingRun", "entry_point_check", "every_user_run", "kind_verdict", "ring_user", "run"]
 

@@ -3,7 +3,7 @@
 Each function of :attr:`warcore_vllm.releases.VllmRelease.warmup` (``vllm.v1.worker.gpu.warmup``)
 is called with the runner the audit builds and the two callables a worker passes it
 (``Worker.execute_model``, ``Worker.sample_tokens``): a step's ``execute_model`` is the
-runner's own, its forward launched where input preparation starts (:mod:`warcore_vllm._mrv2`),
+runner's own, its forward launched where input preparation starts (:mod:`warcore_vllm.audit._mrv2`),
 and ``sample_tokens`` returns the step's real ``AsyncOutput``, which warmup discards, as it
 does on a GPU. Warmup's only waits are its own ``torch.accelerator.synchronize()`` calls (the
 recording device's synchronize): whatever a function does between them is what its steps get.

@@ -11,17 +11,25 @@ release's data (:attr:`warcore_vllm.releases.VllmRelease.audits`):
 * ``v1-guard-scope``: in ``GPUModelRunner.execute_model`` and ``_dummy_run`` every write of a
   persistent host buffer (and each call that makes them) is inside ``synchronize_input_prep``;
 * ``v1-host-buffers``: the host-buffer sanitizer over several overlapped steps of the real
-  runner's input preparation (:mod:`warcore_vllm._device`);
+  runner's input preparation (:mod:`warcore_vllm.audit._device`);
 * ``v2-ring``: the V2 ``UvaBufferPool`` ring is deep enough for its uses per engine step times
-  the steps in flight, every step kind released (:mod:`warcore_vllm._v2`);
+  the steps in flight, every step kind released (:mod:`warcore_vllm.audit._v2`);
 * ``encoder-ring``: ``MMEncoderModelRunner``'s guarded ring;
 * ``deferred-free``: ``Scheduler`` returns a request's blocks only after the fence step's
   output (#45357), and ``swa-settled``: sliding-window blocks are freed on the settled basis
-  (#47728) (:mod:`warcore_vllm._sched`);
+  (#47728) (:mod:`warcore_vllm.audit._sched`);
 * ``ring-entry-points``, ``ring-user``, ``ring-step``, ``staged-by-reference``: the V2 staging
   ring on the V2 runner itself, every use of every slot through every entry point, per ring
-  user and per step kind (:mod:`warcore_vllm._v2checks`, :mod:`warcore_vllm._kinds`);
-* ``warmup``: each of vLLM's warmup functions, run as shipped (:mod:`warcore_vllm._warmup`).
+  user and per step kind (:mod:`warcore_vllm.audit._v2checks`, :mod:`warcore_vllm.audit._kinds`);
+* ``warmup``: each of vLLM's warmup functions, run as shipped (:mod:`warcore_vllm.audit._warmup`).
+
+The package: this module (the checks, :func:`audit`, :func:`main`; ``__main__`` runs it) and
+what they drive, vLLM's real code on a CPU: :mod:`._harness` (the configuration, the V1 runner,
+the scheduler, the overlap loop), :mod:`._device` (the recording device), :mod:`._ring` (the V2
+ring ledger), :mod:`._mrv2` (the V2 runner), :mod:`._v2` (the ring alone), :mod:`._steps`,
+:mod:`._kinds`, :mod:`._drafter`, :mod:`._staged`, :mod:`._v2checks`, :mod:`._warmup`,
+:mod:`._sched`; :mod:`._variants` (a method with one guard taken out) and :mod:`._verdict`. The
+activation imports none of it; it imports the activation only for ``--activated``.
 """
 
 from __future__ import annotations
@@ -29,17 +37,16 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from ..gate import current
+from ..releases import VllmRelease
 from . import _harness, _kinds, _sched, _v2, _v2checks, _warmup
 from ._device import RecordingDevice
 from ._harness import Configuration
 from ._variants import method_source
 from ._verdict import NOT_NEEDED, SOUND, VIOLATION, Verdict
-from ._vllm import current
-from .releases import VllmRelease
 
 __all__ = ["CHECK_FUNCTIONS", "Verdict", "audit", "checks", "main", "report", "run_check"]
 
@@ -290,7 +297,7 @@ def _activation(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    from . import activation
+    from .. import activation
 
     activation.install()
     _v2checks.every_user_run.cache_clear()  # a run of the activated runner, not a cached one
@@ -341,7 +348,7 @@ def report(verdicts: list[Verdict], *, activated: bool = False) -> tuple[int, st
     """The command's exit status and output for ``verdicts`` of the installed release (exit 1
     on a violation the release does not expect: with ``activated``, only those warcore cannot
     fix are)."""
-    from ._vllm import installed_version
+    from ..gate import installed_version
 
     release = current()
     expected = release.unfixable if activated else release.expected
@@ -357,7 +364,7 @@ def report(verdicts: list[Verdict], *, activated: bool = False) -> tuple[int, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._vllm import gate_problems
+    from ..gate import gate_problems
 
     parser = argparse.ArgumentParser(
         prog="python -m warcore_vllm.audit",
@@ -379,7 +386,3 @@ def main(argv: list[str] | None = None) -> int:
     status, text = report(audit(activated=args.activated), activated=args.activated)
     print(text, end="")
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -22,7 +22,8 @@ release says *which* step a module takes, the steps say *how*.
 * ``v2 runner`` (both): ``GPUModelRunner.__init__`` and the ``set_default_max_concurrency``
   its module binds, so that the staging ring is as deep as the runner's configuration needs;
   ``GPUModelRunner.execute_model``, so that a step without a forward, and every step of a
-  runner whose model state stages in dummy runs, has a release (:mod:`warcore_vllm._bounds`).
+  runner whose model state stages in dummy runs, has a release (:mod:`._bounds`: the wrappers
+  and the depth rule, beside this module, which holds the life cycle and the steps).
 * ``warmups`` (both): each warmup function of :attr:`~warcore_vllm.releases.VllmRelease.
   unsynced_warmups`, so that each of its steps waits for the device first, also where another
   module imported it by name.
@@ -48,9 +49,9 @@ from warcore.integration import Activation, UnsupportedRelease
 from warcore.integration.engine_code import ShapeMismatch
 from warcore.integration.patching import unwrap, wrap
 
+from ..gate import current, installed_version
+from ..releases import VllmRelease
 from . import _bounds
-from ._vllm import current, installed_version
-from .releases import VllmRelease
 
 __all__ = [
     "FALLBACK",

@@ -11,11 +11,11 @@ step's release point.
   block (vLLM's method runs, then the use is recorded: which pool, which slot, in which step,
   owned by which ring user). A slot the host writes while a device read of it, enqueued
   earlier, is not yet known to be done is a write-after-read: a
-  :class:`~warcore_vllm._device.Violation`, whatever bytes it writes.
+  :class:`~warcore_vllm.audit._device.Violation`, whatever bytes it writes.
 * **Device reads.** ``_apply_write_kernel`` reads its four (or five) slots when it is launched;
   a step's forward reads every slot the step staged (the views its kernels get: a
   ``UvaBackedTensor``'s ``.gpu``, the block tables' ``num_blocks``). Both are pending until the
-  device is known to be past them (:class:`~warcore_vllm._device.RecordingDevice`: an event
+  device is known to be past them (:class:`~warcore_vllm.audit._device.RecordingDevice`: an event
   recorded after them synchronized, or a device synchronize).
 
 Stand-ins, each only for what a CPU cannot run: vLLM's own CPU ``UvaBuffer``

@@ -138,7 +138,7 @@ def triton_refusal_passed() -> Iterator[None]:
     0.34.0's ``platforms/cpu.py:242-243``): ``HAS_TRITON`` reads True while
     ``CpuPlatform.check_and_update_config`` runs, and only then. A stand-in: triton-cpu is not
     on this machine's package index, and nothing the audit runs launches a Triton kernel."""
-    from ._vllm import current
+    from ..gate import current
 
     if not current().refuses_x86_without_triton:
         yield
@@ -171,7 +171,7 @@ def preload() -> None:
     (torch's own lazy imports subclass ``torch.Event``; they must see the real one)."""
     import importlib
 
-    from ._vllm import current
+    from ..gate import current
 
     for name in current().preload:
         importlib.import_module(name)

@@ -1,6 +1,6 @@
 """vLLM's V2 model runner on a CPU, built by its own ``__init__`` and driven through its own
 ``execute_model``, ``_dummy_run`` and the real ``AsyncOutput`` release, under the ring ledger
-(:mod:`warcore_vllm._ring`).
+(:mod:`warcore_vllm.audit._ring`).
 
 **What is vLLM's.** ``vllm.v1.worker.gpu.model_runner.GPUModelRunner(vllm_config, cpu)``; what
 its ``load_model`` and ``initialize_kv_cache`` build around a model, with vLLM's own
@@ -22,7 +22,7 @@ shipped (``finish_requests``, ``add_requests``, ``update_requests``,
   on, input preparation launches Triton kernels (block-table gathers, slot mappings, positions)
   a CPU has no stand-in for here, so the forward is taken as launched at that call;
 * the CPU platform's refusal of x86 without Triton (0.34.0, ``platforms/cpu.py:242-243``),
-  passed while ``VllmConfig`` is built (:func:`warcore_vllm._harness.vllm_config`).
+  passed while ``VllmConfig`` is built (:func:`warcore_vllm.audit._harness.vllm_config`).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class V2:
     step: int = 0
     queue: deque[Any] = field(default_factory=deque)
     drafter: Callable[[V2], None] | None = None
-    """The drafter's reads of the ring (:mod:`warcore_vllm._drafter`), run where
+    """The drafter's reads of the ring (:mod:`warcore_vllm.audit._drafter`), run where
     ``sample_tokens`` runs the speculator: after the step's release is recorded, or before."""
     drafter_after_release: bool = True
     after_inputs: Callable[[V2], None] | None = None

@@ -6,7 +6,7 @@ runner's real ``input_tensor_semaphore``.
 The pool's slots are vLLM's own CPU ``UvaBuffer`` (``vllm/v1/worker/cpu/buffer_utils.py``,
 what vLLM's CPU V2 runner puts in the pool): its device view *is* the host memory, as a UVA
 view is on a GPU, so each step's kernels read the slot in place until the step is done
-(:meth:`~warcore_vllm._device.RecordingDevice.read_in_place`). The V2 runner itself is not
+(:meth:`~warcore_vllm.audit._device.RecordingDevice.read_in_place`). The V2 runner itself is not
 built (its forward, input preparation and block tables launch Triton kernels a CPU has no
 stand-in for here); a step stages one write per pool, as ``UvaBackedTensor.copy_to_uva`` and
 ``StagedWriteTensor.apply_write`` do once per step. The uses per step are not counted from

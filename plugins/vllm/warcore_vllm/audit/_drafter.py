@@ -5,7 +5,7 @@ vLLM's own ``DraftModelSpeculator._copy_request_inputs`` (the copy every drafter
 those views, ``gpu/spec_decode/speculator.py``) run where ``sample_tokens`` runs it.
 
 The speculator is the runner's own, built by its ``__init__`` from the speculative
-configuration (EAGLE, :attr:`warcore_vllm._mrv2.Shape.speculative_tokens`); its model is never
+configuration (EAGLE, :attr:`warcore_vllm.audit._mrv2.Shape.speculative_tokens`); its model is never
 loaded (no forward runs here), and nothing else of it touches the ring. A runner without one
 gets a namespace holding the three buffers its ``__init__`` allocates for that copy.
 """

@@ -1,7 +1,7 @@
 """The step kinds of ``ring-step``: each a runner shape and the steps it is handed, and what
 vLLM's code says about the kind where running it shows less than the code does.
 
-Every kind runs vLLM's V2 runner (:mod:`warcore_vllm._mrv2`): its ``execute_model`` for
+Every kind runs vLLM's V2 runner (:mod:`warcore_vllm.audit._mrv2`): its ``execute_model`` for
 serving steps, its ``_dummy_run`` for an idle data-parallel rank, with the ring ledger
 counting and checking every slot use.
 """
