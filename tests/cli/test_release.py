@@ -17,6 +17,7 @@ are installed (the main job does not install them) and an installed copy is shad
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import signal
@@ -76,12 +77,29 @@ WANTED = [
 ]
 
 
+WHEELS_AT = os.environ.get("WARCORE_TEST_WHEELS", "")
+"""A folder already holding the wheels (``pip download --no-deps -d FOLDER``), to read them
+there, not download them again; empty: downloaded into the session's temporary folder."""
+
+
+def _on_disk(distribution: str, version: str) -> Path | None:
+    found = sorted(Path(WHEELS_AT).glob(f"{distribution}-{version}-*.whl")) if WHEELS_AT else []
+    return found[0] if found else None
+
+
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
-    """The five wheels, downloaded from the index at once (several seconds: ~700 MB)."""
+    """The five wheels, downloaded from the index at once (several seconds: ~700 MB), or read
+    from ``WARCORE_TEST_WHEELS``."""
     folder = tmp_path_factory.mktemp("wheels")
-    started = {wanted: _pip_download(*wanted, folder / "-".join(wanted)) for wanted in WANTED}
-    found: dict[tuple[str, str], Path] = {}
+    found: dict[tuple[str, str], Path] = {
+        wanted: path for wanted in WANTED if (path := _on_disk(*wanted)) is not None
+    }
+    started = {
+        wanted: _pip_download(*wanted, folder / "-".join(wanted))
+        for wanted in WANTED
+        if wanted not in found
+    }
     for (distribution, version), process in started.items():
         _, stderr = process.communicate(timeout=900)
         assert process.returncode == 0, stderr.decode()
@@ -169,6 +187,13 @@ def runs(
         "--against",
         "0.33.0",
     )
+    for newer, older in (("0.5.23", "0.5.22"), ("0.5.22", "0.5.21")):
+        commands[f"sglang {newer} --against {older}"] = (
+            "sglang",
+            wheels["sglang", newer],
+            "--against",
+            older,
+        )
     # by its version: the command fetches it itself
     commands["fetch sglang 0.5.22 --against 0.5.23"] = ("sglang", "0.5.22", "--against", "0.5.23")
     started = {name: Running(engines, folder, *args) for name, args in commands.items()}
@@ -254,13 +279,21 @@ def test_each_audited_release_matches_its_own_entry(
     assert ".derive(" not in result.stdout and result.stderr == ""
     statuses = {status for status, _ in function_rows(result.stdout).values()}
     assert statuses == {"unchanged"}
+    assert f"WAR surface against {version}'s ({version}.json): 0 differ" in result.stdout
 
 
 # -- sglang 0.5.22 and 0.5.21 against 0.5.23 (SGLANG-RELEASES §2) --------------------------------
 
+DISAGG_PREFILL = S + "disaggregation.prefill"
+_PREFILL_LOOP = (
+    DISAGG_PREFILL,
+    "SchedulerDisaggregationPrefillMixin.event_loop_overlap_disagg_prefill",
+)
 _GONE_SINCE_0_5_23 = {
     (BASE_ATTN, "AttentionBackend.resolve_prefill_shared_read_ends"),
     (BASE_ATTN, "AttentionBackend._snapshot_prefill_shared_reads"),
+    # the disaggregated prefill's reader of the owner's event (issue 41)
+    (DISAGG_PREFILL, "SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse"),
 }
 _PUBLISHER = (PUBLISHER, "maybe_publish_prefill_shared_read_done")
 _RESOLVE = (DECODE_RUNNER, "DecodeCudaGraphRunner._resolve_shared_read_ends")
@@ -278,7 +311,7 @@ def _expect_against_0_5_23(
     by_status: dict[str, set[tuple[str, str]]] = {}
     for key, (status, _) in rows.items():
         by_status.setdefault(status, set()).add(key)
-    assert len(rows) == 20  # 0.5.23's table
+    assert len(rows) == 25  # 0.5.23's table
     assert by_status["gone"] == _GONE_SINCE_0_5_23
     assert by_status["signature changed"] == {_PUBLISHER}
     assert rows[_PUBLISHER][1] == (
@@ -288,19 +321,25 @@ def _expect_against_0_5_23(
     return by_status
 
 
-def test_sglang_0_5_22_against_0_5_23_reports_two_gone_and_one_signature(
+def test_sglang_0_5_22_against_0_5_23_reports_three_gone_one_signature_one_body(
     sglang_0_5_22: Result,
 ) -> None:
     assert sglang_0_5_22.status == 1, sglang_0_5_22.stdout + sglang_0_5_22.stderr
     assert "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl" in sglang_0_5_22.stdout
     by_status = _expect_against_0_5_23(function_rows(sglang_0_5_22.stdout))
-    assert len(by_status["unchanged"]) == 17 and set(by_status) == {
+    assert by_status["body changed"] == {_PREFILL_LOOP}
+    assert len(by_status["unchanged"]) == 20 and set(by_status) == {
         "unchanged",
         "gone",
         "signature changed",
+        "body changed",
     }
     assert "watched modules: 11, every one in this wheel" in sglang_0_5_22.stdout
-    assert "structural checks: 8, 0 failing" in sglang_0_5_22.stdout
+    # 0.5.23's prefill loop asks the coarse reader; 0.5.22's has none
+    assert "structural checks: 13, 1 failing" in sglang_0_5_22.stdout
+    assert f"FAIL  {_PREFILL_LOOP[1]}: no longer calls self._war_barrier_is_coarse(...)" in (
+        sglang_0_5_22.stdout
+    )
     assert sglang_0_5_22.left_in_tmp == []  # the download folder is gone
 
 
@@ -330,7 +369,8 @@ def test_sglang_0_5_21_against_0_5_23_also_reports_the_decode_runners_body(
     assert result.status == 1
     rows = function_rows(result.stdout)
     by_status = _expect_against_0_5_23(rows)
-    assert by_status["body changed"] == {_RESOLVE} and len(by_status["unchanged"]) == 16
+    assert by_status["body changed"] == {_RESOLVE, _PREFILL_LOOP}
+    assert len(by_status["unchanged"]) == 19
     assert rows[_RESOLVE][1] == "digest 0092106b1a2a2ffe -> c0d11a79285939e0"
 
 
@@ -460,7 +500,7 @@ def test_a_check_the_wheel_fails_in_source_is_reported_by_name(
     args = ("wctest_sglang", wheels["sglang", "0.5.21"])
     result = release(engines, tmp_path, *args, path=(extra_engines,))
     assert result.status == 1, result.stdout + result.stderr
-    assert "structural checks: 9, 1 failing" in result.stdout
+    assert "structural checks: 13, 1 failing" in result.stdout
     checks = result.stdout.split("structural checks:", 1)[1].split("\n\n", 1)[0]
     failing = [line for line in checks.splitlines() if line.startswith("    FAIL")]
     assert failing == ["    FAIL  module global envs: missing (not bound at run time)"]
@@ -474,7 +514,7 @@ def test_a_check_the_wheel_fails_in_source_is_reported_by_name(
         engines, tmp_path, "wctest_sglang", wheels["sglang", "0.5.23"], path=(extra_engines,)
     )
     assert passing.status == 0, passing.stdout
-    assert "structural checks: 9, 0 failing" in passing.stdout
+    assert "structural checks: 14, 0 failing" in passing.stdout
 
 
 def test_an_engine_that_fails_to_load_is_named_in_one_line(
@@ -610,3 +650,274 @@ def test_check_names_each_engines_release_in_force(
     assert len(engine_lines) == 2, engine_lines  # sglang and vllm, each one line
     assert any(ln.startswith(said) for ln in engine_lines), engine_lines
     assert "engine: vllm is not installed" in engine_lines, engine_lines
+
+
+# -- the WAR surface: what is new in a release, against the base's committed surface ----------
+
+
+def surface_rows(report: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(section, key) -> (added|removed|changed, what is shown), read from the report's
+    surface section."""
+    section_text = report.split("WAR surface against ", 1)[1].split("\n\n", 1)[0]
+    rows: dict[tuple[str, str], tuple[str, str]] = {}
+    section = ""
+    for line in section_text.splitlines()[1:]:
+        if not line.startswith("    "):
+            section = line.strip()
+            continue
+        kind, rest = line.strip().split(None, 1)
+        key, _, shown = rest.partition(": ")
+        rows[section, key] = (kind, shown)
+    return rows
+
+
+def _review_lines(report: str) -> str:
+    """The draft's REVIEW comments, joined back into one text."""
+    lines = [ln.strip().removeprefix("# ") for ln in report.splitlines() if ln.strip()[:1] == "#"]
+    return " ".join(lines)
+
+
+ATTN = S + "layers.attention."
+
+
+def test_sglang_0_5_23_against_0_5_22_reports_what_was_found_by_hand(
+    runs: dict[str, Result],
+) -> None:
+    """SGLANG-RELEASES: the prefill switch's default, the new backend's declarations, the Dots
+    and DeepSeek V4 declarations, the disaggregation reader and the registry change."""
+    result = runs["sglang 0.5.23 --against 0.5.22"]
+    assert result.status == 1, result.stdout + result.stderr
+    rows = surface_rows(result.stdout)
+    switch = ("WAR switches", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE")
+    assert rows[switch] == ("changed", "EnvBool(False) -> EnvBool(True)")
+    declared = "declaration points"
+    assert (
+        rows[
+            declared,
+            ATTN + "minimax_sparse_nvfp4_backend:MiniMaxSparseNvfp4AttnBackend.shared_read_ends",
+        ][0]
+        == "added"
+    )
+    assert (
+        rows[declared, ATTN + "dots_hybrid_backend:DotsSWAMLAAttnBackend.shared_read_ends"][0]
+        == "changed"
+    )
+    assert (
+        rows[declared, ATTN + "deepseek_v4_backend:DeepseekV4AttnBackend.shared_read_ends"][0]
+        == "changed"
+    )
+    reader = f"{DISAGG_PREFILL}:SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse"
+    assert rows["event readers and barrier callers", reader] == (
+        "added",
+        "ev = self.model_worker.last_shared_read_runner.shared_read_done_event",
+    )
+    assert rows["attention registry", "tokenspeed_mla"] == (
+        "removed",
+        ATTN + "tokenspeed_mla_backend:TokenspeedMLABackend",
+    )
+    review = _review_lines(result.stdout)
+    assert "REVIEW: surface: WAR switches: SGLANG_ENABLE_PREFILL_WAR_READ_DONE changed" in review
+    assert "REVIEW: surface: attention registry: tokenspeed_mla removed" in review
+    assert "WAR surface entr(ies) differ" in result.stdout
+
+
+def test_sglang_0_5_22_against_0_5_21_reports_its_registry_change(
+    runs: dict[str, Result],
+) -> None:
+    result = runs["sglang 0.5.22 --against 0.5.21"]
+    assert result.status == 1, result.stdout + result.stderr
+    rows = surface_rows(result.stdout)
+    assert rows["attention registry", "llada2_cfg_flashinfer"] == (
+        "added",
+        ATTN + "llada2_cfg_flashinfer_backend:LLaDA2CFGFlashInferAttnBackend",
+    )
+    assert "WAR switches" not in {section for section, _ in rows}  # False in both
+
+
+def test_vllm_0_34_0_against_0_33_0_reports_the_entry_point_ring_users_and_warmups(
+    runs: dict[str, Result],
+) -> None:
+    """VLLM-0.34: the second entry point, the two new ring users, the two new warmups."""
+    result = runs["vllm 0.34.0 --against 0.33.0"]
+    rows = surface_rows(result.stdout)
+    assert rows["ring entry points", "UvaBufferPool.copy_chunks_to_uva"][0] == "added"
+    users = {
+        key.split(":")[1]
+        for (section, key), row in rows.items()
+        if section == "ring users" and row[0] == "added"
+    }
+    assert {"NoRepeatNGramLogitsProcessor", "PageCountGuardLogitsProcessor"} <= users
+    warmups = {
+        key
+        for (section, key), row in rows.items()
+        if section == "step runners" and row[0] == "added"
+    }
+    assert {f"{WARMUP}:run_context_prefill_warmup", f"{WARMUP}:run_kv_cache_sizing_warmup"} <= (
+        warmups
+    )
+    assert "REVIEW: surface: ring entry points: UvaBufferPool.copy_chunks_to_uva added" in (
+        _review_lines(result.stdout)
+    )
+
+
+# -- hand-made edits of the kind the next release brings, each in a wheel built here --------
+
+
+def _sources_only(wheel: Path, folder: Path, edit: Callable[[dict[str, str]], None]) -> Path:
+    """A copy of ``wheel`` holding only its Python sources and metadata (what the command
+    reads), under the same name, with ``edit`` applied to ``{member: text}``."""
+    folder.mkdir()
+    with zipfile.ZipFile(wheel) as archive:
+        members = {
+            info.filename: archive.read(info).decode("utf-8", "replace")
+            for info in archive.infolist()
+            if info.filename.endswith(".py") or ".dist-info/" in info.filename
+        }
+    edit(members)
+    out = folder / wheel.name
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for name, text in members.items():
+            archive.writestr(name, text)
+    return out
+
+
+def _after_last_member(text: str, cls: str, line: str) -> str:
+    """``text`` with ``line`` (indented) after the last assignment of class ``cls``."""
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == cls)
+    last = [n for n in node.body if isinstance(n, ast.Assign)][-1]
+    lines = text.splitlines(keepends=True)
+    assert last.end_lineno is not None
+    lines.insert(last.end_lineno, f"    {line}\n")
+    return "".join(lines)
+
+
+SG = "sglang/srt/"
+_NEW_BACKEND = """
+
+@register_attention_backend("wctest_backend")
+def create_wctest_backend(runner):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    return TritonAttnBackend(runner)
+"""
+_NEW_WORKER = """from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+
+class WctestWorkerV2(BaseSpecWorker):
+    @property
+    def last_shared_read_runner(self):
+        return self.draft_worker.draft_runner
+"""
+_NEW_RING_USER = """from vllm.v1.worker.gpu.buffer_utils import UvaBackedTensor
+
+
+class WctestLogitsProcessor:
+    def __init__(self, max_num_reqs):
+        self.sizes = UvaBackedTensor(max_num_reqs)
+
+    def apply_staged_writes(self):
+        self.sizes.copy_to_uva()
+"""
+_BACK_TO_BACK = """
+
+def run_wctest_warmup(model_runner, worker_execute_model, worker_sample_tokens):
+    for _ in range(2):
+        worker_execute_model(None)
+        worker_sample_tokens(None)
+"""
+
+
+def _add(member: str, text: str) -> Callable[[dict[str, str]], None]:
+    def edit(members: dict[str, str]) -> None:
+        members[member] = members.get(member, "") + text
+
+    return edit
+
+
+def _forward_mode(members: dict[str, str]) -> None:
+    path = SG + "model_executor/forward_batch_info.py"
+    members[path] = _after_last_member(members[path], "ForwardMode", "WCTEST_MODE = 1000")
+
+
+def _prefill_caller(members: dict[str, str]) -> None:
+    path = SG + "model_executor/runner/eager_runner.py"
+    call = "maybe_publish_prefill_shared_read_done("
+    assert members[path].count(call) == 1  # the one call (the import names it bare)
+    head, tail = members[path].rsplit(call, 1)
+    members[path] = head + call + "model_runner.wctest_other, " + tail
+
+
+EAGER = S + "model_executor.runner.eager_runner:EagerRunner._execute_extend"
+EDITS: dict[str, tuple[str, Callable[[dict[str, str]], None], dict[tuple[str, str], str]]] = {
+    "nothing (the sources alone)": ("sglang", lambda members: None, {}),
+    "a new ForwardMode member": (
+        "sglang",
+        _forward_mode,
+        {("ForwardMode", "WCTEST_MODE"): "added"},
+    ),
+    "a new registered backend": (
+        "sglang",
+        _add(SG + "layers/attention/attention_registry.py", _NEW_BACKEND),
+        {("attention registry", "wctest_backend"): "added"},
+    ),
+    "a new speculative worker with its own event owner": (
+        "sglang",
+        _add(SG + "speculative/wctest_worker_v2.py", _NEW_WORKER),
+        {
+            (
+                "declaration points",
+                S + "speculative.wctest_worker_v2:WctestWorkerV2.last_shared_read_runner",
+            ): "added",
+        },
+    ),
+    "a prefill caller passing other arguments": (
+        "sglang",
+        _prefill_caller,
+        {("event readers and barrier callers", EAGER): "changed"},
+    ),
+    "vllm: nothing (the sources alone)": ("vllm", lambda members: None, {}),
+    "a new ring user": (
+        "vllm",
+        _add("vllm/wctest_ring_user.py", _NEW_RING_USER),
+        {
+            ("ring users", "vllm.wctest_ring_user:WctestLogitsProcessor"): "added",
+            (
+                "ring callers",
+                "vllm.wctest_ring_user:WctestLogitsProcessor.apply_staged_writes",
+            ): "added",
+        },
+    ),
+    "a new warmup running steps back to back": (
+        "vllm",
+        _add("vllm/v1/worker/gpu/warmup.py", _BACK_TO_BACK),
+        {("step runners", f"{WARMUP}:run_wctest_warmup"): "added"},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EDITS, ids=str)
+def test_each_hand_made_edit_is_reported(
+    case: str, wheels: dict[tuple[str, str], Path], engines: Path, tmp_path: Path
+) -> None:
+    """The newest audited wheel's sources, edited as the next release might: the surface
+    says exactly that edit (the unedited sources: nothing), and the draft asks to review it."""
+    engine, edit, expected = EDITS[case]
+    version = {"sglang": "0.5.23", "vllm": "0.34.0"}[engine]
+    wheel = _sources_only(wheels[engine, version], tmp_path / "edited", edit)
+    result = release(engines, tmp_path, engine, wheel)
+    rows = surface_rows(result.stdout)
+    assert {key: kind for key, (kind, _) in rows.items()} == expected, result.stdout
+    if not expected:
+        assert result.status == 0, result.stdout + result.stderr
+        return
+    assert result.status == 1, result.stdout + result.stderr
+    review = _review_lines(result.stdout)
+    for section in {section for section, _ in expected}:
+        assert f"REVIEW: surface: {section}: " in review
+    if case == "a new warmup running steps back to back":
+        shown = rows["step runners", f"{WARMUP}:run_wctest_warmup"][1]
+        assert shown == (
+            "loop[step worker_execute_model, step worker_sample_tokens]"
+        )  # no wait between the steps
+    if case == "a prefill caller passing other arguments":
+        assert "model_runner.wctest_other" in rows["event readers and barrier callers", EAGER][1]
