@@ -19,7 +19,11 @@ too, through :class:`~warcore.cli._common.Parser`), or a command that runs a for
 ``sanitize``, ``soak``, ``bench``) where torch is not installed (``pip install
 'warcore[engine]'``) or an output file that cannot be written, 130 and 143 SIGINT or SIGTERM
 stopped the command (one line; output files are written whole or not at all), 141 the reader
-of stdout went away (quietly, like a Unix tool ended by SIGPIPE).
+of stdout went away (quietly, like a Unix tool ended by SIGPIPE). A standard output that is
+closed (``>&-``: refused before the command runs) or fails while written (``>/dev/full``) is
+one line on stderr and exit 2, for every command: :func:`main` guards it, not each command.
+Every error line is one line: control characters in it (a path's newline) are escaped
+(:func:`~warcore.cli._common.one_line`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO, Any, cast
 
 from warcore._lazy import torch_missing
 from warcore.cli._common import (
@@ -42,6 +47,7 @@ from warcore.cli._common import (
     Parser,
     UsageError,
     check_writable,
+    one_line,
     write_output,
 )
 from warcore.cli.bench import BENCH
@@ -107,13 +113,24 @@ what a shell reports for a Unix tool ended by SIGPIPE, so ``set -o pipefail`` se
 
 
 def main(argv: list[str] | None = None) -> int:
-    with _stopped_by_signals():
+    if sys.stdout is None:  # started with stdout closed: print() would drop every line
+        _error("standard output is closed; redirect it to a file or /dev/null instead")
+        return 2
+    with _stopped_by_signals(), _guarded_stdout():
         try:
             return _main(argv)
         except KeyboardInterrupt:
             return _stopped(signal.SIGINT)
         except _Stopped as stop:
             return _stopped(stop.signum)
+        except _StdoutFailed as failed:
+            _discard_stdout()
+            _error(f"standard output: {failed.error.strerror or failed.error}")
+            return 2
+
+
+def _error(text: str) -> None:
+    print(f"{PROG}: error: {one_line(text)}", file=sys.stderr)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -124,20 +141,72 @@ def _main(argv: list[str] | None) -> int:
         try:
             status = _COMMANDS[args.command].run(args)
         except UsageError as exc:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            _error(str(exc))
             return 2
         except PluginLoadError as exc:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            _error(str(exc))
             return 1
         except ModuleNotFoundError as exc:
             if exc.name != "torch":
                 raise
-            print(f"{PROG}: error: {torch_missing(f'{PROG} {args.command}')}", file=sys.stderr)
+            _error(torch_missing(f"{PROG} {args.command}"))
             return 2
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
         return status
     except BrokenPipeError:
         return _reader_gone()
+
+
+class _StdoutFailed(BaseException):
+    """Writing standard output failed (``>/dev/full``: ENOSPC; any error but a closed pipe).
+    A ``BaseException``, so that no command's ``except OSError`` or ``except Exception``
+    takes it for its own failure (an output file's, a plugin's): it unwinds to :func:`main`,
+    every ``finally`` running on the way."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _GuardedStdout:
+    """``sys.stdout`` while a command runs: its writes and flushes turn an ``OSError`` into
+    :class:`_StdoutFailed` (a closed pipe stays ``BrokenPipeError``, handled as SIGPIPE);
+    everything else is the stream's own. Writes made to ``sys.stdout.buffer`` directly fail
+    at :func:`_main`'s final flush instead, which is guarded too."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _StdoutFailed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _StdoutFailed(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _guarded_stdout() -> Iterator[None]:
+    """:class:`_GuardedStdout` in place of ``sys.stdout`` for the block, the stream itself
+    restored after (so :func:`main` called twice in one process guards once each time)."""
+    stream = sys.stdout
+    sys.stdout = cast(IO[str], _GuardedStdout(stream))
+    try:
+        yield
+    finally:
+        sys.stdout = stream
 
 
 class _Stopped(BaseException):
@@ -179,12 +248,17 @@ def _stopped(signum: int) -> int:
 
 
 def _reader_gone() -> int:
-    """The reader of stdout went away: stop quietly, as Unix tools do. What is still buffered
-    goes to /dev/null, so the interpreter's final flush cannot raise again."""
+    """The reader of stdout went away: stop quietly, as Unix tools do."""
+    _discard_stdout()
+    return EXIT_BROKEN_PIPE
+
+
+def _discard_stdout() -> None:
+    """What is still buffered for stdout goes to /dev/null, so the interpreter's final flush
+    cannot raise again (a second error, and exit 120, after the line already said)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError):  # stdout without a file descriptor (captured in a test)
         pass
-    return EXIT_BROKEN_PIPE

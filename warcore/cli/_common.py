@@ -45,6 +45,7 @@ __all__ = [
     "add_number",
     "check_offered",
     "check_writable",
+    "one_line",
     "parse_flag",
     "parse_flags",
     "plugin_manager",
@@ -55,13 +56,22 @@ __all__ = [
 
 PROG = "warcore"
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped as Python writes them (a newline in a
+    path is ``\\n``): an error stays the one line a script reads, and prints no terminal
+    escapes."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (the option, the value, the limit) and exit 2,
     like every other bad input: no usage block before it; ``--help`` shows the usage."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 @dataclass(frozen=True)
@@ -373,6 +383,6 @@ class JsonOutput:
         try:
             write_output("--json", self.path, json.dumps(doc, indent=2) + "\n")
         except UsageError as exc:
-            print(f"{self.parser.prog}: {exc}", file=sys.stderr)
+            print(f"{self.parser.prog}: {one_line(str(exc))}", file=sys.stderr)
             return 2
         return 0

@@ -25,7 +25,7 @@ from warcore.integration.release_diff import (
 )
 from warcore.integration.releases import ENGINES, Engine, load_engines
 from warcore.integration.surface import compute, dump
-from warcore.integration.wheel import SourceTree, Wheel
+from warcore.integration.wheel import BadWheel, SourceTree, Wheel
 
 __all__ = ["RELEASE"]
 
@@ -82,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
                 return 0
             base = choose_base(engine, wheel.version, args.against)
             comparison = compare(engine, wheel, SourceTree.of_wheel(wheel.path), base)
-    except BadInput as exc:
+    except (BadInput, BadWheel) as exc:  # BadWheel: a wheel that does not read back whole
         raise UsageError(str(exc)) from None
     print(comparison.report())
     return comparison.exit_status

@@ -125,19 +125,44 @@ def digest(function: Callable[..., Any]) -> str:
 
 def _find(source: str, qualname: str) -> _Function:
     """The definition of ``qualname`` in a module's ``source``, read as :func:`definition` reads a
-    live function (so that both digest the same text)."""
+    live function (so that both digest the same text): the one Python binds, the last of its
+    scope (a property's ``@x.setter`` and ``@x.deleter`` keep ``x``'s getter, as
+    :func:`resolve` reads it); a name whose last binding is not a ``def`` is not defined."""
     scope: list[ast.stmt] = ast.parse(source).body
     *path, name = qualname.split(".")
     for part in path:
         found = [n.body for n in scope if isinstance(n, ast.ClassDef) and n.name == part]
         if not found:  # not StopIteration, out of a function: a missing class is a lookup
             raise LookupError(f"class {part} of {qualname} is not defined in that source")
-        scope = found[0]
-    for node in scope:
-        if isinstance(node, _Function) and node.name == name:
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            return _parse(_block(source.splitlines(keepends=True), first), qualname)
-    raise LookupError(f"{qualname} is not defined in that source")
+        scope = found[-1]
+    bound = [node for node in scope if _binds(node, name)]
+    node = bound[-1] if bound else None
+    if not isinstance(node, _Function):
+        raise LookupError(f"{qualname} is not defined in that source")
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return _parse(_block(source.splitlines(keepends=True), first), qualname)
+
+
+def _binds(node: ast.stmt, name: str) -> bool:
+    """``node`` (re)binds ``name`` in its scope: a ``def`` (not a property's setter or deleter,
+    which keep its getter), a class, an assignment or an import of it."""
+    if isinstance(node, _Function):
+        accessors = {f"{name}.setter", f"{name}.deleter"}
+        return node.name == name and not any(
+            ast.unparse(d) in accessors for d in node.decorator_list
+        )
+    if isinstance(node, ast.ClassDef):
+        return node.name == name
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and getattr(node, "value", None):
+        targets = [node.target]
+    if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+        return True
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((a.asname or a.name.split(".")[0]) == name for a in node.names)
+    return False
 
 
 def definition_in_source(source: str, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef:

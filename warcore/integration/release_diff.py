@@ -21,13 +21,13 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from .checks import Check
 from .engine_code import ShapeMismatch
@@ -69,15 +69,29 @@ class BadInput(ValueError):
 
 def parse_target(engine: Engine, text: str) -> Path | Version:
     """``text`` as a wheel's path (an existing file, or a name ending ``.whl`` or holding a
-    folder separator) or as a version of ``engine``; :class:`BadInput` for neither."""
-    if text.endswith(".whl") or "/" in text or os.sep in text or Path(text).exists():
+    folder separator) or as a version of ``engine``; :class:`BadInput` for neither (a text
+    the file system refuses as a name, longer than it allows, is no existing file)."""
+    if text.endswith(".whl") or "/" in text or os.sep in text or _exists(text):
         return Path(text)
     try:
         return Version(text)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number of more than 4,300 digits
         raise BadInput(
-            f"{engine.name}: {text!r} is neither a version nor a wheel file (a path ending .whl)"
+            f"{engine.name}: {_clipped(text)} is neither a version nor a wheel file (a path "
+            "ending .whl)"
         ) from None
+
+
+def _exists(text: str) -> bool:
+    try:
+        return Path(text).exists()
+    except OSError:  # ENAMETOOLONG
+        return False
+
+
+def _clipped(text: str, most: int = 80, show: Callable[[str], str] = repr) -> str:
+    """``text`` shown (quoted), cut to ``most`` characters: a 10 kB argument is not echoed."""
+    return show(text) if len(text) <= most else f"{text[:most]!r}... ({len(text):,} characters)"
 
 
 @contextmanager
@@ -116,19 +130,45 @@ def _checked(engine: Engine, path: Path, version: Version | None) -> Wheel:
 def choose_base(engine: Engine, version: Version, against: str | None) -> Release:
     """The audited release to compare ``version`` with: ``against`` (an audited version,
     exactly), else the nearest: the highest audited at or below ``version``, else the lowest
-    above it. :class:`BadInput` for an ``against`` that is not audited."""
+    above it. :class:`BadInput` for an ``against`` that is not audited, for a development or
+    local build (``0.0.0.dev0``, ``0.5.23+g1234``: its version says nothing of its code)
+    without ``against``, and for an audited entry whose version is not one."""
     if against is not None:
         if against not in engine.releases:
             raise BadInput(
-                f"{engine.name}: --against {against} is not an audited release "
+                f"{engine.name}: --against {_clipped(against, show=str)} is not an audited release "
                 f"(audited: {', '.join(engine.releases) or 'none'})"
             )
         return engine.releases[against]
     if not engine.releases:
         raise BadInput(f"{engine.name}: no audited release to compare with")
-    ordered = sorted(engine.releases.values(), key=lambda r: Version(r.version))
-    below = [r for r in ordered if Version(r.version) <= version]
+    if _build_note(version):
+        raise BadInput(
+            f"{engine.name} {version} is a development or local build: its version says "
+            "nothing of its code, so no audited release is nearest; give one with --against "
+            f"(audited: {', '.join(engine.releases)})"
+        )
+    versions = {r.version: _audited_version(engine, r) for r in engine.releases.values()}
+    ordered = sorted(engine.releases.values(), key=lambda r: versions[r.version])
+    below = [r for r in ordered if versions[r.version] <= version]
     return below[-1] if below else ordered[0]
+
+
+def _audited_version(engine: Engine, release: Release) -> Version:
+    try:
+        return Version(release.version)
+    except ValueError:
+        raise BadInput(
+            f"{engine.name}: the audited entry {_clipped(release.version)} of "
+            f"{engine.data_module} is not a valid version"
+        ) from None
+
+
+def _build_note(version: Version) -> str:
+    """What the report says of a development or local build, else ``""``."""
+    if version.is_devrelease or version.local is not None:
+        return " (a development or local build: compared only as --against asked)"
+    return ""
 
 
 # -- the comparison -------------------------------------------------------------------------
@@ -378,7 +418,8 @@ class Comparison:
         draft entry (none for an audited release that matches its own entry)."""
         lines = [
             f"{self.engine.name} {self.version} ({self.wheel.name}, sha256 "
-            f"{self.wheel.sha256[:16]}...) against the audited {self.base.version}",
+            f"{self.wheel.sha256[:16]}...) against the audited {self.base.version}"
+            + _build_note(self.wheel.version),
             "",
             *self._function_lines(),
             "",

@@ -12,8 +12,10 @@ approximates, the safe side noted where there is one:
   ``if``/``try``/``with``/``for`` except the body of ``if TYPE_CHECKING:`` (so a name bound
   only on another platform's branch counts as bound); a name bound by ``globals()[...]``,
   ``setattr`` on the module or a module ``__getattr__`` is not seen;
-* a name bound more than once is taken where it is first bound (the ``try`` body before its
-  handlers: the import that normally runs, not its fallback);
+* a name bound more than once is taken where it is last bound, as Python binds it (a method
+  defined twice: the second ``def``), except across alternatives: of an ``if``'s branches
+  the first that binds it, of a ``try`` its body before its handlers (the import that
+  normally runs, not its fallback); a ``finally`` or a later statement binds over both;
 * a class's names are those its body binds (methods, assignments, nested classes), never what
   a metaclass, a decorator or ``setattr`` adds;
 * an enum member is a body assignment of a value (not a function, a descriptor or a
@@ -167,12 +169,44 @@ def bindings(
     body: list[ast.stmt], module: str = "", is_package: bool = False
 ) -> dict[str, Binding]:
     """Every name the run-time statements of ``body`` (a module's or a class's) bind, each
-    at its first binding; ``module`` and ``is_package`` resolve relative imports."""
+    at the binding Python leaves in place: the last, alternatives aside (the module's
+    docstring); ``module`` and ``is_package`` resolve relative imports."""
     found: dict[str, Binding] = {}
-    for node in runtime_statements(body):
-        for name, binding in _statement_bindings(node, module, is_package):
-            found.setdefault(name, binding)
+    for node in body:
+        found.update(_statement_bindings(node, module, is_package))
+        for block in _blocks(node):
+            found.update(bindings(block, module, is_package))
+        alternatives = _alternatives(node)
+        if alternatives:  # the first alternative to bind a name, then over what came before
+            chosen: dict[str, Binding] = {}
+            for block in alternatives:
+                for name, binding in bindings(block, module, is_package).items():
+                    chosen.setdefault(name, binding)
+            found.update(chosen)
+            found.update(bindings(getattr(node, "finalbody", []), module, is_package))
     return found
+
+
+def _blocks(node: ast.stmt) -> list[list[ast.stmt]]:
+    """The blocks of ``node`` that run after one another at import (a loop's body and
+    ``else``, a ``with``'s body)."""
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return [node.body]
+    if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+        return [node.body, node.orelse]
+    return []
+
+
+def _alternatives(node: ast.stmt) -> list[list[ast.stmt]]:
+    """The blocks of ``node`` of which one runs, the one that normally does first: an
+    ``if``'s branches (``if TYPE_CHECKING:``'s body never), a ``try``'s body (with its
+    ``else``) before its handlers."""
+    if isinstance(node, ast.If):
+        first = [] if _is_type_checking(node.test) else node.body
+        return [first, node.orelse]
+    if isinstance(node, ast.Try):
+        return [node.body + node.orelse, *(handler.body for handler in node.handlers)]
+    return []
 
 
 def star_imports(body: list[ast.stmt], module: str, is_package: bool) -> list[str]:
@@ -198,8 +232,17 @@ def classes(tree: ast.Module) -> Iterator[tuple[str, ast.ClassDef]]:
 
 
 def find_class(tree: ast.Module, qualname: str) -> ast.ClassDef | None:
-    """The class ``qualname`` (``Outer.Inner``) the module defines, or ``None``."""
-    return next((node for name, node in classes(tree) if name == qualname), None)
+    """The class ``qualname`` (``Outer.Inner``) the module binds at run time (each name at
+    its last binding, as :func:`bindings` says), or ``None`` (or another binding of it)."""
+    body: list[ast.stmt] = tree.body
+    node: ast.AST | None = None
+    for part in qualname.split("."):
+        binding = bindings(body).get(part)
+        node = binding.node if binding is not None and binding.kind == "class" else None
+        if not isinstance(node, ast.ClassDef):
+            return None
+        body = node.body
+    return node if isinstance(node, ast.ClassDef) else None
 
 
 def _text(lines: list[str], node: ast.stmt) -> str:

@@ -6,6 +6,12 @@ wheel file is (its distribution, version and hash) or why it is not one; :class:
 holds its Python sources, in memory, as the index the structural checks and ``warcore
 release`` read (a :class:`~warcore.integration.checks.SourceIndex`).
 
+Any file is read safely: whatever is wrong with it (a broken zip index, corrupt or encrypted
+members, an unknown compression, a source nested past what the parser takes) is one
+:class:`BadWheel` naming the file and the member; memory stays bounded, each ``.py`` member's
+uncompressed size checked before it is read (:data:`MAX_MODULE_BYTES`,
+:data:`MAX_SOURCE_BYTES`).
+
 Standard library and ``packaging`` only.
 """
 
@@ -19,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,10 +35,13 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from . import source_code
+from .engine_code import ShapeMismatch, audit_in_source
 from .source_code import Binding
 
 __all__ = [
     "FETCH_TIMEOUT_S",
+    "MAX_MODULE_BYTES",
+    "MAX_SOURCE_BYTES",
     "BadWheel",
     "FetchFailed",
     "SourceTree",
@@ -43,6 +53,19 @@ __all__ = [
 FETCH_TIMEOUT_S = 900
 """How long ``pip download`` may take: a 340 MB wheel from a slow index, with room to spare;
 past it the download is stopped and the folder removed."""
+
+MAX_MODULE_BYTES = 16 << 20
+"""The largest ``.py`` member read (uncompressed), checked before reading it: 60 times the
+largest module of the audited releases (sglang 0.5.23's ``scheduler.py``, 282 kB)."""
+
+MAX_SOURCE_BYTES = 256 << 20
+"""All ``.py`` members together (uncompressed), checked before any is read: about 4 times
+sglang 0.5.23's 68 MB, the most of the audited releases (vLLM 0.34.0: 56 MB)."""
+
+_READABLE = frozenset(
+    {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+)
+"""The compression methods :mod:`zipfile` reads (a wheel uses the first two)."""
 
 _LOCATE_DEPTH = 16
 """Re-exports followed at most (``a`` imports from ``b``, which imports from ``c``...)."""
@@ -72,19 +95,26 @@ class Wheel:
 
 
 def open_wheel(path: Path) -> Wheel:
-    """``path`` as a :class:`Wheel`, or :class:`BadWheel` saying why it is not one."""
-    if not path.is_file():
-        raise BadWheel(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    """``path`` as a :class:`Wheel`, or :class:`BadWheel` saying why it is not one (a path
+    the file system refuses, such as a name longer than it allows, included)."""
+    try:
+        if not path.is_file():
+            raise BadWheel(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    except OSError as exc:  # ENAMETOOLONG: the file system refuses the path itself
+        raise BadWheel(f"{path}: {exc.strerror or exc}") from None
     try:
         distribution, version, _build, _tags = parse_wheel_filename(path.name)
-    except InvalidWheelFilename as exc:
+    except (InvalidWheelFilename, ValueError) as exc:  # ValueError: a version of 5,000 digits
         raise BadWheel(f"{path}: not a wheel ({exc})") from None
-    if not zipfile.is_zipfile(path):
-        raise BadWheel(f"{path}: not a wheel (not a zip archive)")
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        if not zipfile.is_zipfile(path):
+            raise BadWheel(f"{path}: not a wheel (not a zip archive)")
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise BadWheel(f"{path}: {exc.strerror or exc}") from None
     return Wheel(path, canonicalize_name(distribution), version, digest.hexdigest())
 
 
@@ -143,6 +173,74 @@ def _module_name(entry: str) -> tuple[str, bool] | None:
     return ".".join(parts), package
 
 
+def _source_members(
+    path: Path, infos: list[zipfile.ZipInfo]
+) -> dict[str, tuple[zipfile.ZipInfo, bool]]:
+    """module -> (its member, whether a package) of the ``.py`` members of ``infos``, a
+    package's ``__init__.py`` taking the name before a module's file; each readable by
+    :func:`_read` within the limits, or :class:`BadWheel` naming it."""
+    members: dict[str, tuple[zipfile.ZipInfo, bool]] = {}
+    for info in infos:
+        named = _module_name(info.filename)
+        if named is None:
+            continue
+        module, package = named
+        if module in members and members[module][1] and not package:
+            continue  # x/__init__.py and x.py: Python imports the package
+        _check_member(path, info)
+        members[module] = (info, package)
+    total = sum(info.file_size for info, _ in members.values())
+    if total > MAX_SOURCE_BYTES:
+        raise BadWheel(
+            f"{path}: its .py members hold {total:,} bytes uncompressed, over the limit of "
+            f"{MAX_SOURCE_BYTES:,} (warcore.integration.wheel.MAX_SOURCE_BYTES)"
+        )
+    return members
+
+
+def _check_member(path: Path, info: zipfile.ZipInfo) -> None:
+    """:class:`BadWheel` naming the member if it is encrypted, compressed by a method
+    :mod:`zipfile` cannot read, or larger than :data:`MAX_MODULE_BYTES` uncompressed."""
+    member = f"{path}: member {info.filename}"
+    if info.flag_bits & 0x1:
+        raise BadWheel(f"{member} is encrypted")
+    if info.compress_type not in _READABLE:
+        raise BadWheel(f"{member} is compressed by method {info.compress_type}, unknown to zipfile")
+    if info.file_size > MAX_MODULE_BYTES:
+        raise BadWheel(
+            f"{member} is {info.file_size:,} bytes uncompressed, over the limit of "
+            f"{MAX_MODULE_BYTES:,} (warcore.integration.wheel.MAX_MODULE_BYTES)"
+        )
+
+
+def _read(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """The member's bytes, never more than its index says (nor the limit): what lies beyond
+    fails its CRC instead. :class:`BadWheel` naming it for corrupt data."""
+    try:
+        with archive.open(info) as member:
+            return member.read(MAX_MODULE_BYTES + 1)
+    # RuntimeError: encrypted; lzma.LZMAError, OSError and ValueError: bz2's and lzma's data
+    except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, OSError, ValueError) as exc:
+        raise BadWheel(f"{path}: member {info.filename}: {exc}") from None
+
+
+def _c3(lines: list[list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """The C3 merge of the bases' linearizations (``lines``, the bases' own order last),
+    as Python orders a class's bases; where none exists (a hostile hierarchy), each line's
+    classes in turn, each once."""
+    pending = [list(line) for line in lines] + [[line[0] for line in lines]]
+    merged: list[tuple[str, str]] = []
+    while any(pending):
+        heads = (line[0] for line in pending if line)
+        head = next((h for h in heads if not any(h in line[1:] for line in pending)), None)
+        if head is None:
+            rest = [c for line in pending for c in line if c not in merged]
+            return merged + list(dict.fromkeys(rest))
+        merged.append(head)
+        pending = [[c for c in line if c != head] for line in pending]
+    return merged
+
+
 def _decode(data: bytes) -> str:
     try:
         return importlib.util.decode_source(data)  # the coding cookie, universal newlines
@@ -164,29 +262,38 @@ class SourceTree:
     classes. The search finds every subclass in the wheel, not only those a process imports
     (the live check's), so it sees more: the safe side."""
 
-    def __init__(self, sources: Mapping[str, str | bytes], packages: frozenset[str]) -> None:
+    def __init__(
+        self, sources: Mapping[str, str | bytes], packages: frozenset[str], origin: str = ""
+    ) -> None:
         """``sources``: module -> its source, as text or as the file's bytes (decoded when
-        first read: most of a wheel's modules are only searched, as bytes)."""
+        first read: most of a wheel's modules are only searched, as bytes); ``origin``: the
+        file they came from, for errors."""
         self._raw = {m: s if isinstance(s, bytes) else s.encode() for m, s in sources.items()}
         self._sources = {m: s for m, s in sources.items() if isinstance(s, str)}
         self._packages = packages
+        self._origin = origin or "sources"
         self._bindings: dict[str, dict[str, Binding]] = {}
+        self._mros: dict[tuple[str, str], list[tuple[str, str]]] = {}
 
     @classmethod
     def of_wheel(cls, path: Path) -> SourceTree:
-        """Every ``.py`` module of the wheel at ``path``, read from the zip."""
-        sources: dict[str, str | bytes] = {}
-        packages: set[str] = set()
-        with zipfile.ZipFile(path) as archive:
-            for entry in archive.namelist():
-                named = _module_name(entry)
-                if named is None:
-                    continue
-                module, package = named
-                sources[module] = archive.read(entry)
-                if package:
-                    packages.add(module)
-        return cls(sources, frozenset(packages))
+        """Every ``.py`` module of the wheel at ``path``, read from the zip: where a package
+        ``x/__init__.py`` and a module ``x.py`` are both there, the package (what Python
+        imports). :class:`BadWheel` naming the file (and the member) for a zip that does not
+        read back as its index says: a broken index, a member encrypted, compressed by a
+        method :mod:`zipfile` lacks, corrupt or failing its CRC, or larger than
+        :data:`MAX_MODULE_BYTES` (all of them than :data:`MAX_SOURCE_BYTES`): sizes are
+        checked before anything is read, and no read goes past them."""
+        try:
+            with zipfile.ZipFile(path) as archive:
+                members = _source_members(path, archive.infolist())
+                sources: dict[str, str | bytes] = {
+                    module: _read(path, archive, info) for module, (info, _) in members.items()
+                }
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+            raise BadWheel(f"{path}: not a readable zip archive ({exc})") from None
+        packages = frozenset(module for module, (_, package) in members.items() if package)
+        return cls(sources, packages, str(path))
 
     def modules(self) -> list[str]:
         return sorted(self._raw)
@@ -207,14 +314,79 @@ class SourceTree:
         return [m for m, data in sorted(self._raw.items()) if all(w in data for w in wanted)]
 
     def tree(self, module: str) -> ast.Module | None:
-        """The module's syntax tree; ``None`` where it is absent or does not parse."""
+        """The module's syntax tree; ``None`` where it is absent or does not parse. A module
+        nested past what Python's parser takes (100,000 unary minus: its ``MemoryError``) is
+        no release's code but a hostile file: :class:`BadWheel` naming it."""
         text = self.source(module)
         if text is None:
             return None
         try:
             return source_code.parse(text)
-        except (SyntaxError, ValueError, RecursionError):
+        except (SyntaxError, ValueError):
             return None
+        except (MemoryError, RecursionError) as exc:
+            raise BadWheel(
+                f"{self._origin}: module {module} is nested too deeply for Python's parser "
+                f"({type(exc).__name__})"
+            ) from None
+
+    def function(self, module: str, qualname: str) -> tuple[str, str] | None:
+        """(signature, digest) of the function ``qualname`` as ``module`` binds it at run time
+        (:func:`~warcore.integration.engine_code.audit_in_source`: a name defined twice is
+        its last ``def``); ``None`` where the module does not define it (or does not parse)."""
+        if self.tree(module) is None:  # parsed here first: a hostile module is a BadWheel
+            return None
+        try:
+            return audit_in_source(self.source(module) or "", qualname)
+        except (LookupError, SyntaxError, ValueError, ShapeMismatch):
+            return None
+
+    def definitions(self, qualname: str) -> dict[str, tuple[str, str]]:
+        """module -> (signature, digest) of every module of the wheel defining the function
+        ``qualname`` (``Class.method``: the class is that module's)."""
+        *owners, name = qualname.split(".")
+        words = [f"def {name}", *(f"class {owner}" for owner in owners[:1])]
+        found = ((m, self.function(m, qualname)) for m in self.mentioning(*words))
+        return {module: row for module, row in found if row is not None}
+
+    def inherited(self, module: str, qualname: str) -> tuple[str, str] | None:
+        """(module, qualified name) of the method that ``Class.name`` (``qualname``, the
+        class as ``module`` names it) resolves to when the class does not bind ``name`` itself:
+        the first of its bases in the wheel to bind it, in method resolution order
+        (``Mixin.name``). ``None`` where the class is not there, binds the name itself, or
+        the base binding it first does not ``def`` it; a base outside the wheel is not read."""
+        owner, _, name = qualname.rpartition(".")
+        for where in self._mro(module, owner, _LOCATE_DEPTH) if owner else ():
+            binding = self._class_bindings(where).get(name)
+            if binding is not None:
+                own = where == self.locate(module, owner)
+                if own or binding.kind != "function":
+                    return None
+                return where[0], f"{where[1]}.{name}"
+        return None
+
+    def _class_node(self, where: tuple[str, str]) -> ast.ClassDef | None:
+        tree = self.tree(where[0])
+        return source_code.find_class(tree, where[1]) if tree is not None else None
+
+    def _class_bindings(self, where: tuple[str, str]) -> dict[str, Binding]:
+        node = self._class_node(where)
+        return source_code.bindings(node.body) if node is not None else {}
+
+    def _mro(self, module: str, qualname: str, depth: int) -> list[tuple[str, str]]:
+        """(module, qualified name) of the class ``module`` names ``qualname`` and of its
+        bases in the wheel, in C3 order (depth-first where the bases admit none); those
+        outside the wheel are left out."""
+        where = self.locate(module, qualname)
+        node = self._class_node(where) if where is not None and depth > 0 else None
+        if where is None or node is None:
+            return []
+        if where not in self._mros:
+            self._mros[where] = [where]  # a class deriving from itself (a hostile file) ends
+            bases = [source_code.dotted(base) for base in node.bases]
+            lines = [self._mro(where[0], b, depth - 1) for b in bases if b is not None]
+            self._mros[where] = [where, *_c3([line for line in lines if line])]
+        return self._mros[where]
 
     def bindings(self, module: str) -> dict[str, Binding]:
         """What ``module`` binds at run time (:func:`~warcore.integration.source_code.bindings`)."""

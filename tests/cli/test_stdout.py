@@ -1,0 +1,103 @@
+"""Every command, its standard output closed (``warcore plugins >&-``) or full (``warcore
+plugins >/dev/full``): one line on stderr naming standard output, exit 2, no traceback
+(issue 42). Each runs as a real process with the cheapest arguments that make the command
+print its own output (``--help`` would not reach it); the commands come from the CLI's own
+table, so a new command without arguments here fails the first test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _support import release_fakes
+
+from warcore.cli import _COMMANDS
+
+pytestmark = pytest.mark.plugin_agnostic  # warcore processes; checks only their own output
+
+CHEAPEST: dict[str, tuple[str, ...]] = {
+    "plugins": (),
+    "matrix": ("--backend", "torch_native", "--mode", "DECODE", "--algorithm", "none"),
+    "check": (),
+    "bench": ("lookup", "--number", "1", "--repeat", "1"),
+    "run": ("--device", "sim", "--requests", "1", "--no-verify", "--progress", "never"),
+    "sanitize": ("--backend", "torch_native", "--algorithm", "none", "--requests", "1")
+    + ("--device", "sim", "--no-bindings"),
+    "soak": ("--steps", "1", "--requests", "1"),
+    "release": (release_fakes.ENGINE, "{wheel}"),
+}
+"""Per command, arguments that print a report in seconds on a CPU."""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the fake engine's folder, a wheel of its audited release)."""
+    root = tmp_path_factory.mktemp("stdout")
+    engines = release_fakes.engine_folder(root / "engines")
+    wheel = release_fakes.wheel(
+        root, {"wcrel/__init__.py": "", "wcrel/runner.py": release_fakes.AUDITED}
+    )
+    return engines, wheel
+
+
+def test_every_command_has_its_cheapest_arguments() -> None:
+    assert set(CHEAPEST) == set(_COMMANDS)
+
+
+def _args(command: str, wheel: Path) -> list[str]:
+    return [command, *(a.format(wheel=wheel) for a in CHEAPEST[command])]
+
+
+@pytest.mark.parametrize("command", sorted(CHEAPEST))
+def test_each_command_prints_its_output(
+    command: str, setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The control: with a working standard output, the arguments give a report."""
+    engines, wheel = setup
+    done = release_fakes.run_warcore(engines, tmp_path, *_args(command, wheel))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip()
+
+
+@pytest.mark.parametrize("command", sorted(CHEAPEST))
+def test_a_full_standard_output_is_one_line_and_exit_2(
+    command: str, setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    engines, wheel = setup
+    done = release_fakes.run_warcore(engines, tmp_path, *_args(command, wheel), stdout="full")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1:] == [
+        "warcore: error: standard output: No space left on device"
+    ]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+@pytest.mark.parametrize("command", sorted(CHEAPEST))
+def test_a_closed_standard_output_is_refused_before_the_command_runs(
+    command: str, setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Refused before anything runs: a closed descriptor 1 would be reused by the first file
+    the command opens (and inherited by what it starts, ``pip download``)."""
+    engines, wheel = setup
+    done = release_fakes.run_warcore(engines, tmp_path, *_args(command, wheel), stdout="closed")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "warcore: error: standard output is closed; redirect it to a file or /dev/null instead\n"
+    )
+
+
+def test_an_error_echoing_a_path_with_a_newline_stays_one_line(
+    setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    engines, _ = setup
+    done = release_fakes.run_warcore(
+        engines, tmp_path, "release", release_fakes.ENGINE, "gone\nsecond line\x1b[31m.whl"
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "warcore: error: wctest_rel: gone\\nsecond line\\x1b[31m.whl: no such file\n"
+    )
+    # argparse's own errors too (through warcore.cli._common.Parser)
+    done = release_fakes.run_warcore(engines, tmp_path, "run", "--fence", "fi\nne")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
