@@ -40,6 +40,27 @@ fi
 
 # Skip the editable installs when the metadata they come from is unchanged since the last
 # successful run from this checkout (editable installs need no reinstall for code changes).
+# The engine integrations' release data (`warcore release sglang|vllm`) without installing
+# warcore-sglang or warcore-vllm: those register warcore plugins (the sglang one), and the core
+# suite here runs against the three plugins above only. A folder of .venv holds links to the two
+# packages (not their trees: an editable build's *.egg-info there would register the plugins)
+# and a distribution whose only entry points are `warcore.integrations`; a .pth puts it last on
+# sys.path. docs/decisions.md says why; `rm -r .venv/warcore-checkout` undoes it.
+link_integrations() {
+  local folder=$VENV/warcore-checkout site info
+  site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  info=$folder/warcore_checkout_integrations-0.1.0.dist-info
+  mkdir -p "$info"
+  ln -sfn "$PWD/plugins/sglang/warcore_sglang" "$folder/warcore_sglang"
+  ln -sfn "$PWD/plugins/vllm/warcore_vllm" "$folder/warcore_vllm"
+  printf 'Metadata-Version: 2.1\nName: warcore-checkout-integrations\nVersion: 0.1.0\n' \
+    >"$info/METADATA"
+  printf '[warcore.integrations]\nsglang = warcore_sglang.releases:ENGINE\nvllm = warcore_vllm.releases:ENGINE\n' \
+    >"$info/entry_points.txt"
+  echo "$PWD/$folder" >"$site/warcore-checkout.pth"
+}
+link_integrations
+
 stamp=$VENV/.warcore-setup
 want=$( { pwd; cat pyproject.toml "${PLUGINS[@]/%//pyproject.toml}" "$0"; } | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]] \

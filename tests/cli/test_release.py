@@ -921,3 +921,39 @@ def test_each_hand_made_edit_is_reported(
         )  # no wait between the steps
     if case == "a prefill caller passing other arguments":
         assert "model_runner.wctest_other" in rows["event readers and barrier callers", EAGER][1]
+
+
+# -- in the checkout after the README's set-up (scripts/setup.sh), no PYTHONPATH --------------
+
+
+@pytest.mark.skipif(
+    Path(sys.prefix).resolve() != (ROOT / ".venv").resolve(),
+    reason="the README's set-up's .venv only (scripts/setup.sh links the integrations' data)",
+)
+@pytest.mark.parametrize("wanted", [("sglang", "0.5.22"), ("vllm", "0.34.0")], ids="-".join)
+def test_the_checkouts_venv_knows_both_engines_without_their_plugins(
+    wanted: tuple[str, str], wheels: dict[tuple[str, str], Path], tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WARCORE_", "PYTHONPATH"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "warcore", "release", wanted[0], str(wheels[wanted])],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"nothing changed: {wanted[1]} matches its audited entry" in done.stdout
+    assert done.stderr == ""
+    # the release data only: no warcore plugin of either integration is registered here
+    plugins = subprocess.run(
+        [sys.executable, "-m", "warcore", "plugins", "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plugins.returncode == 0, plugins.stderr
+    assert "warcore-sglang" not in plugins.stdout and "warcore_sglang" not in plugins.stdout

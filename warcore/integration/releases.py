@@ -152,7 +152,8 @@ def _shown(exc: BaseException) -> str:
 def load_engines() -> tuple[dict[str, Engine], dict[str, str]]:
     """Every engine integration registered under :data:`ENGINES`, by :attr:`Engine.name`, and
     those that failed to load: entry point name -> why, in one line (its import raised, or
-    it is not an :class:`Engine`, or it takes the name of another). Each entry point is
+    it is not an :class:`Engine`, or it takes the name of another; the same object registered
+    twice is one engine). Each entry point is
     tried on its own, so one broken plugin takes only itself out; each failure is logged as
     an error naming it, with its traceback at debug level (``warcore -v``)."""
     engines: dict[str, Engine] = {}
@@ -171,6 +172,8 @@ def load_engines() -> tuple[dict[str, Engine], dict[str, str]]:
             continue
         if not isinstance(engine, Engine):
             failed[entry.name] = f"{entry.value} is a {type(engine).__name__}, not an Engine"
+        elif engines.get(engine.name) is engine:
+            continue  # registered twice (a checkout's data beside an install): one engine
         elif engine.name in engines:
             failed[entry.name] = f"{entry.value} names engine {engine.name!r}, taken already"
         else:
