@@ -101,12 +101,16 @@ def _write_surface(engine: Engine, wheel: Wheel) -> str:
         wheel=wheel.name,
         sha256=wheel.sha256,
     )
+    written = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as file:
+            written = file.name
             file.write(text)
-        os.replace(file.name, path)
+        os.replace(written, path)
     except OSError as exc:
+        if written is not None:
+            Path(written).unlink(missing_ok=True)  # never a half-written file beside the data
         raise BadInput(f"{engine.name}: cannot write {path}: {exc.strerror or exc}") from None
     entries = sum(len(rows) for rows in surface.values())
     return f"wrote {path}: {len(surface)} sections, {entries} entries (review, then commit it)"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata as metadata
+import importlib.util
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -136,10 +137,16 @@ class Engine:
     each one section; none, no surface compared."""
     surfaces: Path | None = None
     """The folder holding each audited release's surface, ``<version>.json`` (reviewed,
-    committed; written by ``warcore release ENGINE WHEEL --write-surface``)."""
+    committed; written by ``warcore release ENGINE WHEEL --write-surface``); default:
+    ``surfaces`` beside :attr:`data_module`'s file."""
 
     def surface_file(self, version: str) -> Path | None:
-        return self.surfaces / f"{version}.json" if self.surfaces is not None else None
+        folder = self.surfaces
+        if folder is None:
+            found = importlib.util.find_spec(self.data_module)
+            origin = found.origin if found is not None else None
+            folder = Path(origin).resolve().with_name("surfaces") if origin else None
+        return folder / f"{version}.json" if folder is not None else None
 
 
 def _shown(exc: BaseException) -> str:

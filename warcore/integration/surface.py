@@ -298,8 +298,9 @@ def _returned_classes(tree: Sources, module: str, factory: ast.AST) -> list[str]
             for alias in sub.names:
                 local[alias.asname or alias.name] = f"{sub.module}:{alias.name}"
     found: list[str] = []
-    for sub in ast.walk(factory):
-        if isinstance(sub, ast.Return) and isinstance(sub.value, ast.Call):
+    returns = [sub for sub in ast.walk(factory) if isinstance(sub, ast.Return)]
+    for sub in sorted(returns, key=lambda r: r.lineno):  # in source order (walk is not)
+        if isinstance(sub.value, ast.Call):
             name = source_code.dotted(sub.value.func)
             if name is None:
                 continue

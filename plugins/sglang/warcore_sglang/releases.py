@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from warcore.integration.checks import (
     AssignedOnlyIn,
@@ -444,12 +443,5 @@ SURFACE: Spec = (
 """sglang's WAR surface (``warcore release`` compares a release's with the base entry's,
 kept in ``surfaces/<version>.json``)."""
 
-ENGINE = Engine(
-    "sglang",
-    "sglang",
-    RELEASES,
-    __name__,
-    surface=SURFACE,
-    surfaces=Path(__file__).with_name("surfaces"),
-)
+ENGINE = Engine("sglang", "sglang", RELEASES, __name__, surface=SURFACE)
 """warcore-sglang as ``warcore release`` sees it (entry point ``warcore.integrations``)."""

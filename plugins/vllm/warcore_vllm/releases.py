@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from warcore.core import SharedReadBoundary
 from warcore.integration.checks import Calls, Check, Globals
@@ -591,12 +590,5 @@ SURFACE: Spec = (
 """vLLM's WAR surface (``warcore release`` compares a release's with the base entry's, kept
 in ``surfaces/<version>.json``)."""
 
-ENGINE = Engine(
-    "vllm",
-    "vllm",
-    RELEASES,
-    __name__,
-    surface=SURFACE,
-    surfaces=Path(__file__).with_name("surfaces"),
-)
+ENGINE = Engine("vllm", "vllm", RELEASES, __name__, surface=SURFACE)
 """warcore-vllm as ``warcore release`` sees it (entry point ``warcore.integrations``)."""
