@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 from warcore.integration.engine_code import audit_in_source
@@ -79,6 +80,34 @@ def wheel(folder: Path, members: dict[str, str | bytes], version: str = "1.0") -
     return path
 
 
+def bomb(folder: Path, member: str, mib: int, *, members: int = 1) -> Path:
+    """A wheel of :data:`DIST` 1.0 whose ``member`` (``members`` of them: ``member`` with
+    ``0``, ``1``... before ``.py``) each inflate to ``mib`` MiB of ``#``, about 1,000 times
+    smaller deflated: a valid zip (its CRCs and sizes true), built in about a second. Each
+    MiB deflates to the same bytes after a full flush, so zipfile's writer is handed those
+    bytes (its compressor replaced) while it counts and checksums the real data."""
+    chunk = b"#" * (1 << 20)
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = compressor.compress(chunk) + compressor.flush(zlib.Z_FULL_FLUSH)
+
+    class _Repeat:
+        def compress(self, data: bytes) -> bytes:
+            return block
+
+        def flush(self) -> bytes:
+            return zlib.compressobj(9, zlib.DEFLATED, -15).flush()
+
+    path = folder / f"{DIST.replace('-', '_')}-1.0-py3-none-any.whl"
+    names = [member] if members == 1 else [member.replace(".py", f"{i}.py") for i in range(members)]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in names:
+            with archive.open(name, "w", force_zip64=True) as file:
+                file._compressor = _Repeat()  # type: ignore[attr-defined]
+                for _ in range(mib):
+                    file.write(chunk)
+    return path
+
+
 def patched(path: Path, member: str, *, flag_bits: int = 0, method: int | None = None) -> Path:
     """``path`` with ``member``'s local and central headers rewritten: ``flag_bits`` or-ed
     into its flags (1: encrypted), its compression method set to ``method``."""
@@ -112,9 +141,16 @@ def run_warcore(
     """``python -m warcore ARGS`` with ``engines`` first on its path and its standard output
     captured (``stdout="pipe"``), closed (``"closed"``: started with descriptor 1 closed, as
     ``>&-`` does) or ``/dev/full`` (``"full"``)."""
+    command = [sys.executable, "-m", "warcore", *map(str, args)]
+    return run_command(engines, cwd, command, stdout)
+
+
+def run_command(
+    engines: Path, cwd: Path, command: list[str], stdout: str = "pipe"
+) -> subprocess.CompletedProcess[str]:
+    """``command`` as :func:`run_warcore` runs ``warcore``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARCORE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(engines), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "warcore", *map(str, args)]
     if stdout == "closed":
         command = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
     with open(os.devnull if stdout != "full" else "/dev/full", "w") as sink:

@@ -290,6 +290,8 @@ class SourceTree:
                 sources: dict[str, str | bytes] = {
                     module: _read(path, archive, info) for module, (info, _) in members.items()
                 }
+        except BadWheel:  # a ValueError too: already names the member
+            raise
         except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
             raise BadWheel(f"{path}: not a readable zip archive ({exc})") from None
         packages = frozenset(module for module, (_, package) in members.items() if package)
