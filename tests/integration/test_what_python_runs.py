@@ -18,6 +18,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _support import release_fakes
+from _support.release_fakes import AUDITED
 from packaging.version import Version
 
 from warcore.integration import engine_code, source_code
@@ -28,16 +30,7 @@ from warcore.integration.wheel import SourceTree, Wheel
 pytestmark = pytest.mark.isolated
 
 MODULE = "eng.runner"
-AUDITED = """
-class Runner:
-    def execute(self, batch):
-        return batch + 1
-
-
-def get_spec(name):
-    return {"name": name}
-"""
-ROWS = {q: engine_code.audit_in_source(AUDITED, q) for q in ("Runner.execute", "get_spec")}
+ROWS = release_fakes.rows()
 ENGINE = Engine(
     "wctest_engine",
     "wctest-engine",

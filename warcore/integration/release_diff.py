@@ -297,8 +297,10 @@ class SurfaceResult:
 def compare_surface(engine: Engine, tree: SourceTree, base: Release) -> SurfaceResult | None:
     """The engine's surface of ``tree`` against ``base``'s file; ``None`` for an engine that
     declares no surface."""
+    if not engine.surface:  # before surface_file: it looks for the data module
+        return None
     path = engine.surface_file(base.version)
-    if not engine.surface or path is None:
+    if path is None:
         return None
     try:
         recorded, _ = load(path)
