@@ -24,7 +24,11 @@ def test_the_audited_table_is_the_installed_wheels() -> None:
     """Recomputed from the source files of the sglang this environment installs."""
     assert oracle.scope() == f"sglang==={VERSION}"
     for module, functions in RELEASE.functions.items():
-        found = engine_code.audit_module_source(module, functions)
+        try:
+            found = engine_code.audit_module_source(module, functions)
+        except ImportError:  # sglang.srt.ray's package imports Ray, absent here: its rows are
+            assert module.startswith("sglang.srt.ray."), module  # read from the wheels
+            continue  # (tests/cli/test_release.py: each audited wheel against its entry)
         table = {q: (sig, code if functions[q][1] else "") for q, (sig, code) in found.items()}
         assert table == functions, module
 
