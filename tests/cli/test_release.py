@@ -203,17 +203,24 @@ def runs(
 STATUSES = ("signature changed", "body changed", "unchanged", "moved", "gone")
 
 
+def grouped_lines(report: str, head: str) -> Iterator[tuple[str, str]]:
+    """(group, row) of the report's section starting ``head``: each row (stripped) under the
+    line naming its group (a module, a surface section)."""
+    section = report.split(head, 1)[1].split("\n\n", 1)[0]
+    group = ""
+    for line in section.splitlines()[1:]:
+        if line.startswith("    "):
+            yield group, line.strip()
+        else:
+            group = line.strip()
+
+
 def function_rows(report: str) -> dict[tuple[str, str], tuple[str, str]]:
     """(module, qualname) -> (status, detail), read from the report's functions section."""
-    section = report.split("relied-on functions:", 1)[1].split("\n\n", 1)[0]
     rows: dict[tuple[str, str], tuple[str, str]] = {}
-    module = ""
-    for line in section.splitlines()[1:]:
-        if not line.startswith("    "):
-            module = line.strip()
-            continue
-        status = next(s for s in STATUSES if line.strip().startswith(s))
-        qualname, _, detail = line.strip()[len(status) :].strip().partition(" ")
+    for module, line in grouped_lines(report, "relied-on functions:"):
+        status = next(s for s in STATUSES if line.startswith(s))
+        qualname, _, detail = line[len(status) :].strip().partition(" ")
         rows[module, qualname] = (status, detail.strip())
     return rows
 
@@ -658,14 +665,9 @@ def test_check_names_each_engines_release_in_force(
 def surface_rows(report: str) -> dict[tuple[str, str], tuple[str, str]]:
     """(section, key) -> (added|removed|changed, what is shown), read from the report's
     surface section."""
-    section_text = report.split("WAR surface against ", 1)[1].split("\n\n", 1)[0]
     rows: dict[tuple[str, str], tuple[str, str]] = {}
-    section = ""
-    for line in section_text.splitlines()[1:]:
-        if not line.startswith("    "):
-            section = line.strip()
-            continue
-        kind, rest = line.strip().split(None, 1)
+    for section, line in grouped_lines(report, "WAR surface against "):
+        kind, rest = line.split(None, 1)
         key, _, shown = rest.partition(": ")
         rows[section, key] = (kind, shown)
     return rows

@@ -243,3 +243,33 @@ def test_differences_and_the_file_round_trip(tmp_path: Path) -> None:
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match=r"1\.0\.json: not a surface file"):
         surface.load(path)
+
+
+def test_a_source_too_deep_to_read_is_an_entry_saying_so() -> None:
+    """An attribute chain Python parses but no recursive reader follows (1500 deep): the
+    section says it was not read, which differs from any recorded surface; no traceback."""
+    deep = "def f(execute):\n    execute(x" + ".y" * 1500 + "())\n"
+    found = surface.compute((StepRunners("warmups", ("execute",), ()),), _tree(eng__deep=deep))
+    assert found == {"warmups": {"(not read)": "a source nested deeper than this reader follows"}}
+    shallow = "def f(execute):\n    execute(x" + ".y" * 50 + "())\n"
+    found = surface.compute((StepRunners("warmups", ("execute",), ()),), _tree(eng__deep=shallow))
+    assert found == {"warmups": {"eng.deep:f": "step execute"}}
+
+
+def test_the_base_surface_not_recorded_is_said_and_needs_a_review(tmp_path: Path) -> None:
+    from warcore.integration.release_diff import compare_surface
+    from warcore.integration.releases import Engine, Release
+
+    base = Release("1.0", functions={}, watched={})
+    spec = (EnumMembers("modes", "eng.m", "Mode"),)
+    engine = Engine("eng", "eng", {"1.0": base}, __name__, surface=spec, surfaces=tmp_path)
+    tree = _tree(eng__m="import enum\nclass Mode(enum.Enum):\n    A = 1\n")
+    result = compare_surface(engine, tree, base)
+    assert result is not None and result.unread == "not recorded"
+    (tmp_path / "1.0.json").write_text(surface.dump(surface.compute(spec, tree)))
+    result = compare_surface(engine, tree, base)
+    assert result is not None and result.unread is None and result.differences == ()
+    edited = _tree(eng__m="import enum\nclass Mode(enum.Enum):\n    A = 1\n    B = 2\n")
+    result = compare_surface(engine, edited, base)
+    assert result is not None
+    assert [d.line() for d in result.differences] == ["modes: B added: 2"]

@@ -475,8 +475,17 @@ Spec = tuple[Extractor, ...]
 
 
 def compute(spec: Spec, tree: Sources) -> Surface:
-    """The surface ``spec`` says, read from ``tree``: every section, even an empty one."""
-    return {extractor.section: dict(sorted(extractor.extract(tree).items())) for extractor in spec}
+    """The surface ``spec`` says, read from ``tree``: every section, even an empty one; a
+    section whose source this reader cannot follow (nested past the interpreter's recursion
+    limit) is one entry saying so, which differs from any recorded surface: a human reads it."""
+    surface: Surface = {}
+    for extractor in spec:
+        try:
+            found = extractor.extract(tree)
+        except RecursionError:
+            found = {"(not read)": "a source nested deeper than this reader follows"}
+        surface[extractor.section] = dict(sorted(found.items()))
+    return surface
 
 
 @dataclass(frozen=True)
