@@ -101,3 +101,39 @@ def test_an_error_echoing_a_path_with_a_newline_stays_one_line(
     # argparse's own errors too (through warcore.cli._common.Parser)
     done = release_fakes.run_warcore(engines, tmp_path, "run", "--fence", "fi\nne")
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("bench", "lookup", "--number", "1", "--json"), ("run", "--device", "sim", "--trace")],
+    ids=["bench --json", "run --trace"],
+)
+def test_an_output_file_name_longer_than_the_file_system_allows_is_one_line(
+    args: tuple[str, ...], setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    engines, _ = setup
+    name = str(tmp_path / ("a" * 300 + ".json"))
+    done = release_fakes.run_warcore(engines, tmp_path, *args, name)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"warcore: error: {args[-1]} {name}: File name too long\n"
+
+
+def test_a_logged_error_with_a_newline_stays_one_line(tmp_path: Path) -> None:
+    """An engine integration whose import raises an error of two lines: logged in one."""
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    (engines / "_wcfake_two_lines.py").write_text("raise RuntimeError('first\\nsecond')\n")
+    info = engines / "warcore_fake_two_lines-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: warcore-fake-two-lines\n")
+    (info / "entry_points.txt").write_text(
+        "[warcore.integrations]\nwctest_two = _wcfake_two_lines:ENGINE\n"
+    )
+    done = release_fakes.run_warcore(engines, tmp_path, "release", "wctest_two", "1.0")
+    assert done.returncode == 2
+    logged = [line for line in done.stderr.splitlines() if "wctest_two" in line]
+    assert logged[0] == (
+        "warcore: ERROR: engine integration 'wctest_two' failed to load: "
+        "_wcfake_two_lines:ENGINE: RuntimeError: first\\nsecond"
+    )
+    assert "second" not in done.stderr.replace("first\\nsecond", "")

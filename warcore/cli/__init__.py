@@ -100,11 +100,17 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format=f"{PROG}: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter(f"{PROG}: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Each logged message on one line (:func:`~warcore.cli._common.one_line`: a plugin's
+    error naming a path with a newline); a traceback (``-v``) follows it as it is."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return one_line(super().formatMessage(record))
 
 
 EXIT_BROKEN_PIPE = 128 + 13

@@ -330,15 +330,16 @@ def check_writable(
     changed. With ``make_parents`` missing folders are fine if they can be created (they are
     created to try, and removed again)."""
     target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"{option} {path}: is a directory; give a file name")
-    parent = target.parent
-    while make_parents and not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.exists():
-        raise UsageError(f"{option} {path}: folder {target.parent} does not exist")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: {parent} is not a folder")
+    with writing(option, path):  # a name the file system refuses (too long) is one line too
+        if target.is_dir():
+            raise UsageError(f"{option} {path}: is a directory; give a file name")
+        parent = target.parent
+        while make_parents and not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.exists():
+            raise UsageError(f"{option} {path}: folder {target.parent} does not exist")
+        if not parent.is_dir():
+            raise UsageError(f"{option} {path}: {parent} is not a folder")
     try:
         probe_writable(target, make_parents=make_parents)
     except OSError as exc:
