@@ -1,8 +1,10 @@
 """sglang's plugin entry point (group ``sglang.srt.plugins``, name ``warcore``).
 
 sglang's ``load_plugins()`` calls :func:`sglang_plugin` first thing in every server process:
-the launcher, ``Engine``, each scheduler child, the detokenizer, the DP controller. Here, in
-that order:
+the launcher, ``Engine``, each scheduler child, the detokenizer, the DP controller; a Ray
+``SchedulerActor``, which builds its scheduler without ``load_plugins()``, calls
+:func:`scheduler_actor` through the constructor the ``RayEngine``'s own process wrapped
+(:mod:`warcore_sglang._ray`). Here, in that order:
 
 1. ``WARCORE_SGLANG=1``: activate warcore (:func:`warcore_sglang.activation.install`) in
    every process that may build a model runner (:data:`NO_RUNNER`: not the launcher, the
@@ -10,7 +12,18 @@ that order:
 2. ``WARCORE_SGLANG_TRACE=FILE``: trace the process (:mod:`warcore_sglang.audit.trace`), warcore
    active or not; ``WARCORE_SGLANG_SANITIZE``: the sanitizer (:mod:`warcore_sglang.audit.sanitize`);
 3. one start-up line: whether warcore is active in this process and with which plugins, or
-   why not (also written to the trace as a ``process`` record).
+   why not (also written to the trace as a ``process`` record), naming the process as sglang
+   describes it (:func:`_described`).
+
+Which process this is: sglang describes each of its processes when it publishes the process's
+runtime context (``sglang.srt.runtime_context.publish(server_args, role=..., ranks=
+SpawnRanks(...))``, 0.5.21 to 0.5.23), right *after* ``load_plugins()``. So the decision made
+here, whether this process may build a model runner (:data:`NO_RUNNER`), can only read which
+sglang function loads the plugins (:data:`_ROLES`); the start-up line, said once the
+activation settled (in a scheduler: while its ``Scheduler`` is built, after sglang published),
+names the role and ranks sglang published, a scheduler's with its disaggregation mode
+(``prefill scheduler``, ``decode scheduler``). A line said before sglang published (a process
+that does not activate says it at once) names the process by that function.
 
 This module, and the trace and sanitizer modules it imports, import nothing but the standard
 library at import time (never ``warcore``, ``torch`` or sglang), so that a broken or shadowed
@@ -31,11 +44,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ENV_ACTIVATE, shadowed
+from . import ENV_ACTIVATE, _ray, shadowed
 from .audit.sanitize import ENV_SANITIZE
 from .audit.trace import ENV_TRACE
 
-__all__ = ["Status", "shadowed", "sglang_plugin", "startup_line"]
+__all__ = ["Status", "scheduler_actor", "shadowed", "sglang_plugin", "startup_line"]
 
 logger = logging.getLogger("warcore.sglang")
 
@@ -50,7 +63,14 @@ _ROLES = {
     "<module>": "launcher",  # sglang/launch_server.py calls it at module level
 }
 """The audited releases' functions that call ``load_plugins()`` -> the process's role (0.5.21
-calls it in the launcher, the ``Engine`` and each scheduler only)."""
+calls it in the launcher, the ``Engine`` and each scheduler only): what this entry point knows
+of its process when it decides, before sglang described it (:func:`_described`)."""
+_RANKS = ("tp", "pp", "dp")
+_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+_PUBLISHED = {"dp_controller": "dp-controller"}
+"""sglang's published roles spelled as this module's (the others as sglang spells them)."""
+_MODES = frozenset({"prefill", "decode"})
+"""The disaggregation modes a scheduler is named by (``null``: not disaggregated)."""
 NO_RUNNER = frozenset({"engine", "launcher", "detokenizer", "dp-controller"})
 """Roles of sglang processes that build no model runner (sglang starts every scheduler in a
 process of its own, ``mp.Process(target=run_scheduler_process)``): they make no WAR decision,
@@ -87,6 +107,8 @@ class Status:
     ready: bool = False
     """Whether :func:`sglang_plugin` has done its own part (the trace is set up)."""
     said: bool = False
+    ray: str | None = None
+    """What this process did for Ray's scheduler actors (a ``RayEngine``'s process)."""
 
 
 def _role() -> tuple[str, dict[str, Any]]:
@@ -101,11 +123,42 @@ def _role() -> tuple[str, dict[str, Any]]:
             rank = {}
             if role == "scheduler":
                 local = caller.f_locals
-                rank = {k: local.get(f"{k}_rank") for k in ("tp", "pp", "dp")}
+                rank = {k: local.get(f"{k}_rank") for k in _RANKS}
             return role, rank
         frame = frame.f_back  # type: ignore[assignment]
         depth += 1
     return "process", {}
+
+
+def _described() -> tuple[str, dict[str, Any]] | None:
+    """This process as sglang describes it, ``None`` until it published one: the role of its
+    runtime context (``publish_role()``) and, for a scheduler, its ranks (the parallel
+    context's ``tp_rank``, ``pp_rank``, ``dp_rank``, published from its ``SpawnRanks``) and its
+    disaggregation mode (``get_server_args().disaggregation_mode``). Reads what is imported
+    already; never raises."""
+    context = sys.modules.get(_RUNTIME_CONTEXT)
+    try:
+        published = context.publish_role() if context is not None else None
+        if not isinstance(published, str) or not published:
+            return None
+        role = _PUBLISHED.get(published, published)
+        if role != "scheduler":
+            return role, {}
+        parallel = context.get_parallel()  # type: ignore[union-attr]
+        rank = {k: _published_rank(parallel, k) for k in _RANKS}
+        mode = getattr(context.get_server_args(), "disaggregation_mode", None)  # type: ignore[union-attr]
+    except Exception:  # a release that describes its processes otherwise: the entry's guess
+        return None
+    return (f"{mode} scheduler" if mode in _MODES else role), rank
+
+
+def _published_rank(parallel: Any, kind: str) -> Any:
+    """One rank of sglang's parallel context (``None`` where it was not published: the
+    context raises for a name never written)."""
+    try:
+        return getattr(parallel, f"{kind}_rank")
+    except Exception:
+        return None
 
 
 _LAUNCHER = "python -m warcore_sglang.serving.launch_server"
@@ -129,7 +182,9 @@ def _refused_as_shadowed(status: Status) -> bool:
     return where is not None
 
 
-def _activate(status: Status) -> None:
+def _declined(status: Status, actor: Any) -> bool:
+    """Whether this process does not activate: the switch is off, it builds no model runner,
+    or (a Ray scheduler actor) its constructor is not the audited code."""
     from warcore.integration.settings import switch
 
     on, problem = switch(os.environ, ENV_ACTIVATE)
@@ -138,13 +193,25 @@ def _activate(status: Status) -> None:
         status.reason = f"{ENV_ACTIVATE}={flag!r} (set it to 1, or launch with {_LAUNCHER})"
         # A value that is neither on nor off is an operator's mistake: say so loudly.
         status.level = logging.WARNING if problem is not None else logging.INFO
-        return
+        return True
     if status.role in NO_RUNNER:
         status.left_to_schedulers = True
         status.reason = (
             "left to the scheduler processes (this one builds no model runner; "
             "warcore_sglang.install() activates it here anyway)"
         )
+        return True
+    why = _ray.unaudited(actor) if actor is not None else None
+    if why is not None:
+        status.reason = f"Ray's scheduler actor is not the audited code: {why}"
+        status.level = logging.ERROR
+    return why is not None
+
+
+def _activate(status: Status, actor: Any = None) -> None:
+    """Activate warcore here (``actor``: the constructor of the Ray scheduler actor this
+    process is, checked first)."""
+    if _declined(status, actor):
         return
     start = time.perf_counter()
     try:
@@ -277,6 +344,8 @@ def startup_line(status: Status) -> str:
         text = f"{who}: warcore {status.reason}"
     else:
         text = f"{who}: warcore NOT active: {status.reason}"
+    if status.ray:
+        text += f"; {status.ray}"
     if status.trace:
         text += f"; trace {status.trace}"
     if status.sanitize:
@@ -301,6 +370,9 @@ def _finish(status: Status) -> None:
     if status.said:
         return
     status.said = True
+    described = _described()
+    if described is not None:
+        status.role, status.rank = described
     if status.trace:
         try:
             _write_process_record(status)
@@ -346,23 +418,52 @@ def sglang_plugin() -> Status | None:
     the end of ``Scheduler.__init__``)."""
     try:
         role, rank = _role()
-        status = Status(os.getpid(), role, rank, False, None, logging.INFO)
-        if not _asked():
-            status.reason = f"{ENV_ACTIVATE}='' (set it to 1, or launch with {_LAUNCHER})"
-        elif _refused_as_shadowed(status):
-            pass
-        else:
-            _activate(status)
-            _rank_check_settings(status)
-            _observe(status)
-        status.ready = True
-        if status.settled:
-            _finish(status)
-        return status
+        return _start(role, rank)
     except Exception as exc:  # never take sglang's start-up down
-        _emit(
-            logging.ERROR,
-            f"warcore-sglang: start-up in process {os.getpid()} failed: "
-            f"{type(exc).__name__}: {exc}",
-        )
+        _failed(exc)
         return None
+
+
+def scheduler_actor(constructor: Any, arguments: dict[str, Any]) -> Status | None:
+    """A Ray ``SchedulerActor`` of a ``RayEngine``, before its ``Scheduler`` is built (called
+    by the constructor :mod:`warcore_sglang._ray` wrapped, with sglang's ``constructor`` and
+    the keyword ``arguments`` the engine passed): as :func:`sglang_plugin` in a scheduler
+    child, ``constructor`` checked against the release's entry first."""
+    try:
+        rank = {k: arguments.get(f"{k}_rank") for k in _RANKS}
+        return _start("scheduler", rank, constructor)
+    except Exception as exc:  # never take the actor down
+        _failed(exc)
+        return None
+
+
+def _start(role: str, rank: dict[str, Any], actor: Any = None) -> Status:
+    status = Status(os.getpid(), role, rank, False, None, logging.INFO)
+    if not _asked():
+        status.reason = f"{ENV_ACTIVATE}='' (set it to 1, or launch with {_LAUNCHER})"
+    elif _refused_as_shadowed(status):
+        pass
+    else:
+        _activate(status, actor)
+        _rank_check_settings(status)
+        _observe(status)
+    _for_ray_actors(status)
+    status.ready = True
+    if status.settled:
+        _finish(status)
+    return status
+
+
+def _for_ray_actors(status: Status) -> None:
+    """A ``RayEngine``'s process: its scheduler actors start warcore-sglang themselves
+    (:mod:`warcore_sglang._ray`), asked here or in their own environment."""
+    status.ray = _ray.wrap_scheduler_actors()
+    if status.ray is not None and not status.ray.startswith(_ray.WRAPPED):
+        status.level = max(status.level, logging.ERROR if _asked() else logging.WARNING)
+
+
+def _failed(exc: Exception) -> None:
+    _emit(
+        logging.ERROR,
+        f"warcore-sglang: start-up in process {os.getpid()} failed: {type(exc).__name__}: {exc}",
+    )
