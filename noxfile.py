@@ -452,6 +452,45 @@ def sglang_server(session: nox.Session) -> None:
     _run_server_tests(session, SGLANG_SERVER_TESTS)
 
 
+SGLANG_PD_TESTS = SGLANG / "tests" / "pd"
+PD_SYSTEM_LIBRARY = ("libibverbs.so.1", "libibverbs1")
+"""The system library the Mooncake transfer engine's non-CUDA wheel links, and its Debian
+package."""
+
+
+def _missing_system_library(session: nox.Session) -> None:
+    """One line, not a traceback from the first server's import, when the transfer engine's
+    system library is absent."""
+    import ctypes
+
+    library, package = PD_SYSTEM_LIBRARY
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        session.error(
+            f"{library} is missing: the Mooncake transfer engine (mooncake-transfer-engine-non-"
+            f"cuda) links it; install it with: apt-get update && apt-get install -y {package}"
+        )
+
+
+@nox.session
+def sglang_pd(session: nox.Session) -> None:
+    """warcore-sglang inside sglang's prefill/decode disaggregation, real servers on a CPU (not
+    in the default sessions: ``nox -s sglang_pd``; ``.ci/run`` runs it).
+
+    The venv: :func:`_sglang_venv` with ``plugins/sglang/sglang-<newest>-pd-pins.txt`` (the
+    serving path's pins, the Mooncake transfer engine's non-CUDA build, ``prometheus_client``
+    and ``sglang-router``). The machine must have ``libibverbs.so.1`` (said in one line when
+    absent). plugins/sglang/tests/pd starts a prefill and a decode server (Mooncake over TCP on
+    127.0.0.1), ``sglang-router --pd-disaggregation`` in front and a plain server, bounded and
+    stopped by pid (docs/sglang-pd.md).
+    """
+    _missing_system_library(session)
+    pd_pins = SGLANG / f"sglang-{SGLANG_NEWEST}-pd-pins.txt"
+    _sglang_venv(session, SGLANG_NEWEST, pd_pins, [SGLANG])
+    _run_server_tests(session, SGLANG_PD_TESTS)
+
+
 def _install_test_dists(session: nox.Session, names: Sequence[str]) -> None:
     """The test distributions of ``plugins/sglang/tests/server/dists``, built as wheels and
     installed (their entry points are what sglang and warcore load)."""

@@ -53,6 +53,46 @@ class StandinFinder:
 def install() -> None:
     if not any(isinstance(f, StandinFinder) for f in sys.meta_path):
         sys.meta_path.append(StandinFinder())
+    if os.environ.get(PD_ENV) == "1" and not any(
+        isinstance(f, HostIndicesOff) for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, HostIndicesOff())
+
+
+PD_ENV = "WARCORE_SGLANG_PD_STANDIN"
+"""``1`` (the PD tests, plugins/sglang/tests/pd): once sglang's Mooncake connector is imported,
+``MooncakeKVSender.supports_host_tensor_indices = False``. A CPU stand-in: left True, the
+prefill side's ``_send_kv_chunk`` pins the page indices and records a CUDA event, and the first
+request fails with "pin_memory=True requires a CUDA ... backend"; no sglang option turns it
+off. False takes sglang's own path for senders without host tensor indices."""
+MOONCAKE_CONN = "sglang.srt.disaggregation.mooncake.conn"
+
+
+class HostIndicesOff:
+    """Finds sglang's Mooncake connector with the other finders and sets the flag after its
+    module body ran (only in processes started with :data:`PD_ENV`)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != MOONCAKE_CONN:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                _flag_after(spec.loader)
+                return spec
+        return None
+
+
+def _flag_after(loader: Any) -> None:
+    run = loader.exec_module
+
+    def exec_module(module: Any) -> None:
+        run(module)
+        module.MooncakeKVSender.supports_host_tensor_indices = False
+
+    loader.exec_module = exec_module
 
 
 install()

@@ -34,7 +34,7 @@ from ..declarations import oracle
 from ..declarations.names import SRT
 from ..releases import RELEASES, SglangRelease
 from ..settings import DEFAULT, prefill_switch_setting, read_prefill_switch
-from . import _meter, _ranks, _state
+from . import _disagg, _meter, _ranks, _state
 from ._owner import make_owner_property
 from ._points import (
     make_builder,
@@ -190,10 +190,12 @@ the release's functions and structural checks, passed)."""
 
 
 def _make_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Scheduler.__init__``, then the checkpoint and (when asked) the rank check."""
+    """``Scheduler.__init__``, then the PD patches of its side, the checkpoint and (when
+    asked) the rank check."""
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        _disagg.install(self)
         checkpoint()
         _ranks.check_if_requested(self)
 

@@ -86,6 +86,9 @@ class Barrier:
     way (on the host, say: sglang #31072)."""
     enabled: bool = False
     """The scheduler's ``_war_barrier_enabled``."""
+    loop: str = ""
+    """The scheduler loop that applied it (``event_loop_overlap``,
+    ``event_loop_overlap_disagg_prefill``, ...; empty when none is found near the call)."""
 
 
 class Listener:
@@ -97,12 +100,26 @@ class Listener:
 
     def on_barrier(self, barrier: Barrier) -> None: ...
 
+    def on_transfer(self, transfer: Any) -> None:
+        """A decode side hands KV slots to the transfer engine
+        (:class:`warcore_sglang.activation._disagg.Transfer`; warcore active only)."""
+
 
 _lock = threading.RLock()
 _listeners: list[Listener] = []
 _patcher: Patcher | None = None
 _finder: PostImportFinder | None = None
 _local = threading.local()
+
+
+def listening() -> bool:
+    """Anything observes this process (the trace, the sanitizer)."""
+    return bool(_listeners)
+
+
+def transfer(what: Any) -> None:
+    """Tell the listeners of a transfer (see :meth:`Listener.on_transfer`)."""
+    _each("on_transfer", what)
 
 
 def current_batch() -> Any:
@@ -278,6 +295,7 @@ def _observed_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             owner = self.model_worker.last_shared_read_runner if enabled and _listeners else None
             barrier = Barrier(self, owner, getattr(owner, _MAILBOX, None), enabled=enabled)
+            barrier.loop = _calling_loop(sys._getframe(1)) if _listeners else ""
         except Exception:  # observing never changes what the barrier does
             barrier = Barrier(self, None, None, enabled=enabled)
             owner = None
@@ -294,6 +312,18 @@ def _observed_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
                 _each("on_barrier", barrier)
 
     return _apply_war_barrier
+
+
+def _calling_loop(frame: FrameType | None) -> str:
+    """The ``event_loop*`` function below the barrier (a few wrappers deep at most): which
+    loop, the normal one or a disaggregated side's, a barrier belongs to."""
+    for _ in range(6):
+        if frame is None:
+            break
+        if frame.f_code.co_name.startswith("event_loop"):
+            return frame.f_code.co_name
+        frame = frame.f_back
+    return ""
 
 
 def _on_scheduler(module: ModuleType) -> None:

@@ -301,6 +301,11 @@ class Tracer(_observe.Listener):
         per runner, however many events are published that no barrier takes."""
         self._steps = 0
         self._lock = threading.Lock()
+        self._decode_side: bool | None = None
+        """This process is a PD decode side (its forwards' slots are kept for transfers)."""
+        self._forwards = 0
+        self._forward_slots: set[int] = set()
+        """The KV slots the last forward read or wrote (a PD decode side only)."""
 
     def on_publish(self, publish: _observe.Publish) -> None:
         forward = _observe.current_forward(publish.model_runner)
@@ -323,6 +328,35 @@ class Tracer(_observe.Listener):
         }
         with self._lock:
             self._published[id(publish.model_runner)] = (publish.event, record)
+        write_record(self.path, record)
+
+    def on_forward_end(self, model_runner: Any, forward_batch: Any) -> None:
+        if self._decode_side is None:
+            args = getattr(model_runner, "server_args", None)
+            mode = getattr(args, "disaggregation_mode", None)
+            self._decode_side = str(getattr(mode, "value", mode)) == "decode"
+        if self._decode_side:
+            with self._lock:
+                self._forwards += 1
+            self._forward_slots = _slots_read(model_runner, forward_batch)
+
+    def on_transfer(self, transfer: Any) -> None:
+        """A ``transfer`` record: the KV slots a decode side hands to the transfer engine,
+        how many of them the last forward read or wrote (``shared``), whether that forward was
+        still in flight, and whether warcore waited for it first (``ordered``)."""
+        handed = {int(s) for s in transfer.slots.tolist()}
+        record = {
+            "kind": "transfer",
+            "pid": os.getpid(),
+            "t": time.time(),
+            "rank": _rank(transfer.scheduler),
+            "rid": transfer.rid,
+            "slots": len(handed),
+            "after_forward": self._forwards,
+            "shared": len(handed & self._forward_slots),
+            "in_flight": transfer.in_flight,
+            "ordered": "warcore: forward stream synchronized" if transfer.waited else "none",
+        }
         write_record(self.path, record)
 
     def on_barrier(self, barrier: _observe.Barrier) -> None:
@@ -367,12 +401,25 @@ class Tracer(_observe.Listener):
             "declared": declared,
             "provenance": why,
             "warcore": _activation() is not None,
+            "loop": barrier.loop,
         }
         if mode is not None and _mode_name(mode) == "EXTEND":  # which rows the prefill took
             reqs = getattr(batch, "reqs", None) or []
             record["rids"] = [str(getattr(r, "rid", "?")) for r in reqs]
             record["rows"] = [getattr(getattr(r, "kv", r), "req_pool_idx", None) for r in reqs]
         write_record(self.path, record)
+
+
+def _slots_read(model_runner: Any, forward_batch: Any) -> set[int]:
+    """The KV slots a forward touched: its requests' ``req_to_token`` rows up to their lengths
+    (read by attention) and ``out_cache_loc`` (written)."""
+    rows = model_runner.req_to_token_pool.req_to_token
+    slots = {int(s) for s in forward_batch.out_cache_loc.tolist()}
+    for row, length in zip(
+        forward_batch.req_pool_indices.tolist(), forward_batch.seq_lens.tolist(), strict=True
+    ):
+        slots.update(int(s) for s in rows[row, :length].tolist())
+    return slots
 
 
 def _target_runner(scheduler: Any) -> Any:

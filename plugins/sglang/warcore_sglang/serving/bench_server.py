@@ -128,6 +128,31 @@ def _metered(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any
     serving.run_engine(
         engine, _waves(args), env=env, timeout=args.timeout, workdir=work, name="metered"
     )
+    return _per_batch(meter)
+
+
+def _metered_pd(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``--pd``: a prefill and a decode server with warcore active and metered, the router in
+    front (:mod:`warcore_sglang.serving.pd`); the same waves through the router, each wave's
+    requests at once; per batch of each side's disaggregated loop."""
+    from . import pd
+
+    meters = {side: work / f"{side}-meter.jsonl" for side in ("prefill", "decode")}
+    envs = {
+        side: {**pd.pd_env(), **VARIANTS["warcore"], "WARCORE_SGLANG_TRACE": ""}
+        | {"WARCORE_PLUGINS": args.plugins, "WARCORE_SGLANG_METER": str(meter)}
+        for side, meter in meters.items()
+    }
+    with pd.started(
+        model, work, prefill_env=envs["prefill"], decode_env=envs["decode"], timeout=args.timeout
+    ) as pair:
+        for wave in _waves(args):
+            pd.generate_each(pair.url, wave, len(wave), timeout=args.timeout)
+    return {side: _per_batch(meter) for side, meter in meters.items()}
+
+
+def _per_batch(meter: Path) -> dict[str, Any]:
+    """The meter's lines summarised by forward mode (and over all)."""
     batches = [json.loads(line) for line in meter.read_text().splitlines() if line.strip()]
     out: dict[str, Any] = {}
     for mode in sorted({b["mode"] for b in batches}) + ["all"]:
@@ -211,6 +236,7 @@ def _spread(values: list[float]) -> dict[str, float]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     loads = [os.getloadavg()[0]]
+    args.meter_only = args.meter_only or args.pd
     rounds = 0 if args.meter_only else args.rounds
     with tempfile.TemporaryDirectory(prefix="warcore-bench-server-") as tmp:
         model = serving.write_tiny_model(Path(tmp) / "model")
@@ -231,7 +257,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     f"{row['ttft_ms']:7.2f} ms  decode {row['decode_tok_s']:7.1f} tok/s",
                     flush=True,
                 )
-        per_batch = _metered(model, Path(tmp) / "metered", args)
+        if args.pd:
+            pd_batches = _metered_pd(model, Path(tmp) / "pd", args)
+            per_batch = {
+                f"{side} {mode}": m for side, v in pd_batches.items() for mode, m in v.items()
+            }
+        else:
+            per_batch = _metered(model, Path(tmp) / "metered", args)
         checks = [] if args.meter_only else rank_check(model, Path(tmp) / "ranks", args)
     return {
         "benchmark": "warcore inside sglang's real Engine on a CPU: start-up, TTFT, "
@@ -342,6 +374,13 @@ def _parser() -> argparse.ArgumentParser:
         "--meter-only",
         action="store_true",
         help="only the metered start (after --warmup discarded ones): no rounds, no rank check",
+    )
+    add(
+        "--pd",
+        action="store_true",
+        help="the metered start as prefill/decode disaggregation (a prefill and a decode "
+        "server, Mooncake over TCP, sglang-router in front; implies --meter-only): per batch "
+        "of each side's loop (the environment of nox -s sglang_pd)",
     )
     add("--json", metavar="FILE", help="also write the result to FILE")
     return parser
