@@ -20,7 +20,7 @@ import pytest
 from _support import release_fakes
 from _support.release_fakes import AUDITED, ENGINE
 
-from warcore.integration.wheel import MAX_MODULE_BYTES, MAX_SOURCE_BYTES
+from warcore.integration.wheel import MAX_MODULE_BYTES, MAX_MODULE_TOKENS, MAX_SOURCE_BYTES
 
 pytestmark = pytest.mark.plugin_agnostic  # warcore processes; checks only their own output
 
@@ -89,6 +89,10 @@ def _unknown_method(folder: Path) -> Path:
     return release_fakes.patched(_good(folder), RUNNER, method=99)
 
 
+_DENSE = AUDITED + "x\n" * 250_000
+"""500 kB of bare names, under MAX_MODULE_BYTES: its syntax tree would take about 230 MB."""
+
+
 def _nested(folder: Path) -> Path:
     """The relied-on module holds 100,000 nested unary minus: the parser's ``MemoryError``."""
     return _good(folder, runner=AUDITED + "\nX = " + "-" * 100_000 + "1\n")
@@ -111,6 +115,11 @@ WHEELS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "100,000 nested unary minus": (
         _nested,
         ": module wcrel.runner is nested too deeply for Python's parser (MemoryError)",
+    ),
+    "a module too dense to parse in bounded memory": (
+        lambda folder: _good(folder, runner=_DENSE),
+        f": module wcrel.runner holds more than {MAX_MODULE_TOKENS:,} tokens, over the limit "
+        "(warcore.integration.wheel.MAX_MODULE_TOKENS)",
     ),
 }
 
@@ -174,6 +183,15 @@ def test_a_zip_bomb_is_refused_before_reading_in_bounded_memory(
     stderr, peak = _peak_rss(engines, tmp_path, ENGINE, path)
     assert stderr == f"warcore: error: {path}: {expected}\n"
     assert peak < 256 << 20, f"{peak:,} bytes"
+
+
+def test_a_dense_module_is_refused_before_parsing_in_bounded_memory(
+    engines: Path, tmp_path: Path
+) -> None:
+    path = _good(tmp_path, runner=_DENSE)
+    stderr, peak = _peak_rss(engines, tmp_path, ENGINE, path)
+    assert "holds more than 200,000 tokens" in stderr and len(stderr.splitlines()) == 1
+    assert peak < 128 << 20, f"{peak:,} bytes"
 
 
 # -- arguments --------------------------------------------------------------------------------

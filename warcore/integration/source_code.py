@@ -28,10 +28,12 @@ Standard library only.
 from __future__ import annotations
 
 import ast
+import itertools
+import re
 import textwrap
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 
 __all__ = [
     "Binding",
@@ -44,6 +46,7 @@ __all__ = [
     "instance_attributes",
     "parse",
     "star_imports",
+    "tokens",
 ]
 
 _Function = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -51,11 +54,38 @@ _ACCESSORS = frozenset({"setter", "deleter", "getter"})
 _DESCRIPTORS = frozenset({"property", "staticmethod", "classmethod", "cached_property"})
 
 
-@lru_cache(maxsize=512)
+MAX_CACHED_TOKENS = 1_000_000
+"""The tokens (:func:`tokens`) of the syntax trees :func:`parse` keeps, the least recently
+used dropped first. A tree takes 500 to 900 bytes per token (measured: 510 for real modules
+and dense lists, 920 for a module of bare names), so they hold at most about 0.9 GB; the
+largest module of the audited releases has 48,000."""
+
+_TOKEN = re.compile(r"\w+|[^\w \t\r\f\v]")
+_trees: OrderedDict[str, tuple[ast.Module, int]] = OrderedDict()
+
+
+def tokens(source: str, most: int) -> int:
+    """About how many tokens ``source`` holds (each name or number, each other character
+    that is not a space, each line end: no fewer than the syntax tree's nodes), counted up to
+    ``most + 1`` at most."""
+    return sum(1 for _ in itertools.islice(_TOKEN.finditer(source), most + 1))
+
+
 def parse(source: str) -> ast.Module:
-    """``source``'s syntax tree (kept for the few modules read again: each check of a module
-    and the subclass search parse it once). Raises :class:`SyntaxError`."""
-    return ast.parse(source)
+    """``source``'s syntax tree (kept, within :data:`MAX_CACHED_TOKENS`, for the modules read
+    again: each check of a module and the subclass search parse it once). Raises
+    :class:`SyntaxError`."""
+    found = _trees.get(source)
+    if found is not None:
+        _trees.move_to_end(source)
+        return found[0]
+    tree = ast.parse(source)
+    _trees[source] = (tree, tokens(source, MAX_CACHED_TOKENS))
+    kept = sum(count for _, count in _trees.values())
+    while kept > MAX_CACHED_TOKENS:
+        _, (_, count) = _trees.popitem(last=False)
+        kept -= count
+    return tree
 
 
 def _is_type_checking(test: ast.expr) -> bool:

@@ -18,6 +18,7 @@ Standard library and ``packaging`` only.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -41,6 +42,7 @@ from .source_code import Binding
 __all__ = [
     "FETCH_TIMEOUT_S",
     "MAX_MODULE_BYTES",
+    "MAX_MODULE_TOKENS",
     "MAX_SOURCE_BYTES",
     "BadWheel",
     "FetchFailed",
@@ -61,6 +63,12 @@ largest module of the audited releases (sglang 0.5.23's ``scheduler.py``, 282 kB
 MAX_SOURCE_BYTES = 256 << 20
 """All ``.py`` members together (uncompressed), checked before any is read: about 4 times
 sglang 0.5.23's 68 MB, the most of the audited releases (vLLM 0.34.0: 56 MB)."""
+
+MAX_MODULE_TOKENS = 200_000
+"""The most tokens (:func:`~warcore.integration.source_code.tokens`) of a module parsed, checked
+before parsing it: a syntax tree takes up to about 900 bytes per token, so one parse stays
+under about 180 MB whatever the module holds (1 MiB of bare names took 650 MB); 4 times the
+largest module of the audited releases (48,000 tokens)."""
 
 _READABLE = frozenset(
     {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
@@ -224,6 +232,17 @@ def _read(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
         raise BadWheel(f"{path}: member {info.filename}: {exc}") from None
 
 
+def _slim(binding: Binding) -> Binding:
+    """``binding`` without its syntax tree, but for the name an alias (``C = B``, ``C =
+    B[T]``) names: what :meth:`SourceTree.locate` reads, kept per module without keeping
+    the module's tree alive past the parse cache's budget."""
+    node = binding.node
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    alias = node if isinstance(node, (ast.Name, ast.Attribute)) else None
+    return dataclasses.replace(binding, node=alias if binding.kind == "value" else None)
+
+
 def _c3(lines: list[list[tuple[str, str]]]) -> list[tuple[str, str]]:
     """The C3 merge of the bases' linearizations (``lines``, the bases' own order last),
     as Python orders a class's bases; where none exists (a hostile hierarchy), each line's
@@ -273,6 +292,7 @@ class SourceTree:
         self._packages = packages
         self._origin = origin or "sources"
         self._bindings: dict[str, dict[str, Binding]] = {}
+        self._parsable: set[str] = set()
         self._mros: dict[tuple[str, str], list[tuple[str, str]]] = {}
 
     @classmethod
@@ -322,6 +342,13 @@ class SourceTree:
         text = self.source(module)
         if text is None:
             return None
+        if module not in self._parsable:
+            if source_code.tokens(text, MAX_MODULE_TOKENS) > MAX_MODULE_TOKENS:
+                raise BadWheel(
+                    f"{self._origin}: module {module} holds more than {MAX_MODULE_TOKENS:,} "
+                    "tokens, over the limit (warcore.integration.wheel.MAX_MODULE_TOKENS)"
+                )
+            self._parsable.add(module)
         try:
             return source_code.parse(text)
         except (SyntaxError, ValueError):
@@ -396,7 +423,8 @@ class SourceTree:
         if found is None:
             tree = self.tree(module)
             body = tree.body if tree is not None else []
-            found = source_code.bindings(body, module, module in self._packages)
+            bound = source_code.bindings(body, module, module in self._packages)
+            found = {name: _slim(binding) for name, binding in bound.items()}
             self._bindings[module] = found
         return found
 
