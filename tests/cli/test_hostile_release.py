@@ -20,7 +20,12 @@ import pytest
 from _support import release_fakes
 from _support.release_fakes import AUDITED, ENGINE
 
-from warcore.integration.wheel import MAX_MODULE_BYTES, MAX_MODULE_TOKENS, MAX_SOURCE_BYTES
+from warcore.integration.wheel import (
+    MAX_INDEX_BYTES,
+    MAX_MODULE_BYTES,
+    MAX_MODULE_TOKENS,
+    MAX_SOURCE_BYTES,
+)
 
 pytestmark = pytest.mark.plugin_agnostic  # warcore processes; checks only their own output
 
@@ -93,6 +98,13 @@ _DENSE = AUDITED + "x\n" * 250_000
 """500 kB of bare names, under MAX_MODULE_BYTES: its syntax tree would take about 230 MB."""
 
 
+def _large_index(folder: Path) -> Path:
+    """150 members named by 60,000 characters each: a 9 MB zip index, which zipfile reads
+    whole (each record an object: memory grows with it)."""
+    names = {f"data/{i:03d}{'x' * 60_000}": "" for i in range(150)}
+    return release_fakes.wheel(folder, {"wcrel/__init__.py": "", RUNNER: AUDITED, **names})
+
+
 def _nested(folder: Path) -> Path:
     """The relied-on module holds 100,000 nested unary minus: the parser's ``MemoryError``."""
     return _good(folder, runner=AUDITED + "\nX = " + "-" * 100_000 + "1\n")
@@ -106,6 +118,10 @@ WHEELS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "corrupt compressed data": (
         _corrupt_data,
         f": member {RUNNER}: Error -3 while decompressing data",
+    ),
+    "a zip index over the limit": (
+        _large_index,
+        f"over the limit of {MAX_INDEX_BYTES:,} (warcore.integration.wheel.MAX_INDEX_BYTES)",
     ),
     "a member marked encrypted": (_encrypted, f": member {RUNNER} is encrypted"),
     "an unknown compression method": (

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from .source_code import Binding
 
 __all__ = [
     "FETCH_TIMEOUT_S",
+    "MAX_INDEX_BYTES",
     "MAX_MODULE_BYTES",
     "MAX_MODULE_TOKENS",
     "MAX_SOURCE_BYTES",
@@ -69,6 +71,11 @@ MAX_MODULE_TOKENS = 200_000
 before parsing it: a syntax tree takes up to about 900 bytes per token, so one parse stays
 under about 180 MB whatever the module holds (1 MiB of bare names took 650 MB); 4 times the
 largest module of the audited releases (48,000 tokens)."""
+
+MAX_INDEX_BYTES = 8 << 20
+"""The largest zip index (central directory) read, from the zip's end record before
+:mod:`zipfile` reads it whole: each record becomes an object of about 500 bytes, so the
+index stays under about 100 MB of memory; 12 times sglang 0.5.23's (6,396 members)."""
 
 _READABLE = frozenset(
     {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
@@ -179,6 +186,34 @@ def _module_name(entry: str) -> tuple[str, bool] | None:
     if not parts or not all(part.isidentifier() for part in parts):
         return None  # a .dist-info file, a script folder, a template with a dash in its name
     return ".".join(parts), package
+
+
+def _check_index(path: Path) -> None:
+    """:class:`BadWheel` if the zip's end record (its zip64 record, where it says so) gives
+    an index larger than :data:`MAX_INDEX_BYTES`: the size :mod:`zipfile` reads whole,
+    whatever the members number. A record it cannot find is left to :mod:`zipfile` to say."""
+    with path.open("rb") as file:
+        end = file.seek(0, os.SEEK_END)
+        file.seek(max(0, end - 22 - 0xFFFF))  # the end record, after at most a 64 kB comment
+        tail = file.read()
+        at = len(tail) - 22 if tail[-22:-18] == _END and tail[-2:] == b"\0\0" else tail.rfind(_END)
+        if at < 0 or len(tail) - at < 22:
+            return
+        (size,) = struct.unpack_from("<L", tail, at + 12)
+        if size == 0xFFFFFFFF and at >= 20 and tail[at - 20 : at - 16] == _END64_LOCATOR:
+            (record_at,) = struct.unpack_from("<Q", tail, at - 12)
+            file.seek(record_at)
+            record = file.read(56)
+            if len(record) == 56 and record[:4] == _END64:
+                (size,) = struct.unpack_from("<Q", record, 40)
+    if size > MAX_INDEX_BYTES:
+        raise BadWheel(
+            f"{path}: its zip index is {size:,} bytes, over the limit of {MAX_INDEX_BYTES:,} "
+            "(warcore.integration.wheel.MAX_INDEX_BYTES)"
+        )
+
+
+_END, _END64, _END64_LOCATOR = b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07"
 
 
 def _source_members(
@@ -305,6 +340,7 @@ class SourceTree:
         :data:`MAX_MODULE_BYTES` (all of them than :data:`MAX_SOURCE_BYTES`): sizes are
         checked before anything is read, and no read goes past them."""
         try:
+            _check_index(path)
             with zipfile.ZipFile(path) as archive:
                 members = _source_members(path, archive.infolist())
                 sources: dict[str, str | bytes] = {
