@@ -40,7 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 
 import torch
 
@@ -74,6 +74,8 @@ from warcore.device import WaitBinding
 from warcore.engine.steps import engine_problem
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from warcore.audit._sanitize_probe import ForwardRecord
     from warcore.engine import Engine, EngineConfig, ModelConfig, Request
     from warcore.engine.config import CopyWait, InGraphEvent
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_REQUESTS",
     "Combination",
+    "EngineOptions",
     "ModeSummary",
     "SanitizeReport",
     "VIOLATION_KINDS",
@@ -349,6 +352,20 @@ def trace_for(requests: int | Sequence[Request], seed: int = 0) -> list[Request]
     return list(requests)
 
 
+class EngineOptions(TypedDict, total=False):
+    """What :func:`engine_config` takes beyond the backend and algorithm: :func:`sanitize`
+    passes them on, so their defaults are said once, in :func:`engine_config`."""
+
+    flags: Mapping[str, FlagValue] | None
+    use_graphs: bool
+    plant_node: bool
+    num_draft: int
+    dtype: torch.dtype | None
+    max_running: int
+    model: ModelConfig | None
+    in_graph_event: InGraphEvent
+
+
 def engine_config(
     backend: str,
     algorithm: str = "none",
@@ -400,23 +417,17 @@ def sanitize(
     device: str = "sim",
     requests: int | Sequence[Request] = DEFAULT_REQUESTS,
     seed: int = 0,
-    flags: Mapping[str, FlagValue] | None = None,
-    use_graphs: bool = True,
-    plant_node: bool = True,
-    num_draft: int = 4,
-    dtype: torch.dtype | None = None,
-    max_running: int = 8,
-    model: ModelConfig | None = None,
     sglang_fallback: bool = False,
     bindings: bool = True,
     copy_wait: CopyWait = "none",
-    in_graph_event: InGraphEvent = "persistent",
+    **options: Unpack[EngineOptions],
 ) -> SanitizeReport:
     """Sanitize one backend x algorithm combination; see the module docstring.
 
-    ``use_graphs``/``plant_node`` choose how decode-like forwards execute (eager, a graph with
-    its node, a graph without); ``max_running`` bounds the batch (and the graph buckets);
-    ``model`` replaces the reference model's configuration (a smaller one for fast tests);
+    ``options`` go to :func:`engine_config`: ``use_graphs``/``plant_node`` choose how
+    decode-like forwards execute (eager, a graph with its node, a graph without);
+    ``max_running`` bounds the batch (and the graph buckets); ``model`` replaces the reference
+    model's configuration (a smaller one for fast tests);
     ``sglang_fallback`` installs :class:`SglangFallbackDecisions`. ``bindings`` adds the
     binding audit: the trace served once more by the overlap loop (fine fence, and the copy
     consumer ``copy_wait`` of :class:`~warcore.engine.EngineConfig`), every wait on a read-done
@@ -424,18 +435,7 @@ def sanitize(
     Configuration errors (unknown names) raise; engine failures become ``report.error``.
     """
     pm = pm if pm is not None else get_plugin_manager()
-    config = engine_config(
-        backend,
-        algorithm,
-        flags=flags,
-        use_graphs=use_graphs,
-        plant_node=plant_node,
-        num_draft=num_draft,
-        dtype=dtype,
-        max_running=max_running,
-        model=model,
-        in_graph_event=in_graph_event,
-    )
+    config = engine_config(backend, algorithm, **options)
     trace = trace_for(requests, seed)
     report = SanitizeReport(backend, algorithm, device, len(trace), config.flags)
     start = time.perf_counter()
