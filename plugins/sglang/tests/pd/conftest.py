@@ -154,14 +154,14 @@ class Runs:
     def __getitem__(self, name: str) -> Run:
         return self.futures[name].result(timeout=TIMEOUT * 3)
 
-    def close(self) -> None:
+    def __enter__(self) -> Runs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
-    started = Runs(tmp_path_factory.mktemp("pd"))
-    try:
+    with Runs(tmp_path_factory.mktemp("pd")) as started:
         yield started
-    finally:
-        started.close()
