@@ -455,12 +455,19 @@ def _overlap_row(name: str, r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _model_head(kind: str, m: dict[str, Any]) -> str:
+    """A table's first line: what served which trace, and the modelled forward time F."""
+    return (
+        f"{kind}: {m['device']}, backend {m['backend']}, {m['requests']} requests (seed "
+        f"{m['seed']}), {m['layers']} layers x {m['modelled_layer_s'] * 1e3:g} ms modelled, "
+        f"F = {m['forward_s'] * 1e3:.1f} ms"
+    )
+
+
 def overlap_table(result: dict[str, Any]) -> str:
     m = result["model"]
     head = (
-        f"overlap: {m['device']}, backend {m['backend']}, {m['requests']} requests (seed "
-        f"{m['seed']}), {m['layers']} layers x {m['modelled_layer_s'] * 1e3:g} ms modelled, "
-        f"F = {m['forward_s'] * 1e3:.1f} ms, scheduler work {m['schedule_work_s'] * 1e3:.1f} ms "
+        f"{_model_head('overlap', m)}, scheduler work {m['schedule_work_s'] * 1e3:.1f} ms "
         f"({m['schedule_work_fraction']:.0%} of F); median (min) of {m['repeat']} rounds"
     )
     rows = [_overlap_row(name, r) for name, r in result["variants"].items()]
@@ -570,11 +577,7 @@ def _sweep_checks(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 def sweep_table(result: dict[str, Any]) -> str:
     m = result["model"]
-    head = (
-        f"sweep: {m['device']}, backend {m['backend']}, {m['requests']} requests, "
-        f"{m['layers']} layers x {m['modelled_layer_s'] * 1e3:g} ms modelled, F = "
-        f"{m['forward_s'] * 1e3:.1f} ms; step ms per forward, median of {m['repeat']} rounds"
-    )
+    head = f"{_model_head('sweep', m)}; step ms per forward, median of {m['repeat']} rounds"
     rows = []
     for p in result["points"]:
         f = p["fences"]
