@@ -1,16 +1,16 @@
 """The vLLM releases warcore-vllm audited, as data: one entry per release, each derived from
 the nearest one with what differs. Pure data (importing this imports nothing of vLLM, nor
 torch); one code path reads it: the gate picks the installed release's entry exactly
-(:mod:`warcore_vllm._vllm`), the activation patches what its entry watches with the steps its
+(:mod:`warcore_vllm.gate`), the activation patches what its entry watches with the steps its
 entry names (:data:`warcore_vllm.activation.STEPS`), the audit runs the checks its entry lists
 and the harness builds what its entry preloads.
 
 Per release (:class:`VllmRelease`): every vLLM function the declarations, the audit and the
 activation rely on (signature, digest of the definition: :mod:`warcore.integration.engine_code`),
 the watched modules with their check-and-patch steps, which runners' staging it declares
-(:data:`warcore_vllm._names.STAGING`), the staging ring's users and entry points, the audit's
-checks and the violations vLLM itself leaves in them. How to add a release: docs/releases.md,
-"Adding an engine release"; ``warcore release vllm VERSION`` drafts the entry.
+(:data:`warcore_vllm.declarations.STAGING`), the staging ring's users and entry points, the
+audit's checks and the violations vLLM itself leaves in them. How to add a release:
+docs/releases.md, "Adding an engine release"; ``warcore release vllm VERSION`` drafts the entry.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ DEEPSEEK_STATE = "vllm.models.deepseek_v41.nvidia.model_state"
 @dataclass(frozen=True)
 class VllmRelease(Release):
     staging: tuple[str, ...] = ()
-    """The runners whose staging this release declares (keys of ``_names.STAGING``)."""
+    """The runners whose staging this release declares (keys of ``declarations.STAGING``)."""
     runner_module: str = ""
     """What a worker that builds the model runner imports (the bench's ``runner`` scenario)."""
     preload: tuple[str, ...] = ()
