@@ -41,7 +41,7 @@ __all__ = [
     "SEED",
     "Limit",
     "Parser",
-    "add_in_graph_event",
+    "add_event_options",
     "add_number",
     "check_offered",
     "check_writable",
@@ -308,9 +308,17 @@ def add_number(
     parser.add_argument(option, type=limit, default=default, help=f"{help_text} ({limit.range})")
 
 
-def add_in_graph_event(parser: argparse.ArgumentParser) -> None:
-    """``--in-graph-event`` (``EngineConfig.in_graph_event``), for every command that builds
-    engines with captured graphs."""
+def add_event_options(parser: argparse.ArgumentParser) -> None:
+    """``--copy-wait`` and ``--in-graph-event`` (``EngineConfig.copy_wait``,
+    ``.in_graph_event``), for every command that builds engines with captured graphs."""
+    parser.add_argument(
+        "--copy-wait",
+        choices=("none", "at-barrier", "after-next-launch"),
+        default="none",
+        help="a second consumer of the read-done event on a copy stream (sanitize: in its "
+        "binding run): waits at the barrier, or only after the next step is launched (sglang "
+        "#31072's shape: the binding audit warns)",
+    )
     parser.add_argument(
         "--in-graph-event",
         choices=("persistent", "ring"),

@@ -13,7 +13,7 @@ from warcore.cli._common import (
     Command,
     Limit,
     UsageError,
-    add_in_graph_event,
+    add_event_options,
     add_number,
     check_offered,
     check_writable,
@@ -128,15 +128,7 @@ def _configure_checks_and_time(parser: argparse.ArgumentParser) -> None:
         0.0,
         "scheduler device work per step in ms (a modelled H2D copy on the schedule stream)",
     )
-    parser.add_argument(
-        "--copy-wait",
-        choices=("none", "at-barrier", "after-next-launch"),
-        default="none",
-        help="a second consumer of the read-done event on a copy stream: waits at the "
-        "barrier, or after the next step is launched (sglang #31072's shape: the binding "
-        "audit warns)",
-    )
-    add_in_graph_event(parser)
+    add_event_options(parser)
 
 
 def _configure_staging_and_output(parser: argparse.ArgumentParser) -> None:

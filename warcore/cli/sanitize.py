@@ -17,7 +17,7 @@ from warcore.cli._common import (
     SEED,
     Command,
     UsageError,
-    add_in_graph_event,
+    add_event_options,
     add_number,
     check_offered,
     parse_flags,
@@ -67,14 +67,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-plant-node", action="store_true", help="capture graphs without the in-graph node"
     )
-    parser.add_argument(
-        "--copy-wait",
-        choices=("none", "at-barrier", "after-next-launch"),
-        default="none",
-        help="add a second consumer of the read-done event to the binding run: it waits at "
-        "the barrier, or only after the next step is launched (sglang #31072's shape)",
-    )
-    add_in_graph_event(parser)
+    add_event_options(parser)
     parser.add_argument(
         "--no-bindings",
         action="store_true",
