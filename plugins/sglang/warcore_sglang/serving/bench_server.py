@@ -264,6 +264,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             }
         else:
             per_batch = _metered(model, Path(tmp) / "metered", args)
+        loads.append(os.getloadavg()[0])  # after the metered start too (its load is quoted)
         checks = [] if args.meter_only else rank_check(model, Path(tmp) / "ranks", args)
     return {
         "benchmark": "warcore inside sglang's real Engine on a CPU: start-up, TTFT, "
