@@ -402,6 +402,7 @@ def sglang(session: nox.Session) -> None:
     session.chdir(tmp)
     tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
     tests += ["--ignore", str(SGLANG_REFUSAL_TESTS), "--ignore", str(SGLANG_RELEASE_TESTS)]
+    tests += ["--ignore", str(SGLANG_PD_TESTS)]  # nox -s sglang_pd's own environment
     session.run("python", "-m", "pytest", *_pytest_args(tmp), *tests, *session.posargs)
     env = {"PYTHONPATH": str(SGLANG_BOOT)}
     bench = ["python", "-m", "warcore_sglang.serving.bench", "--calls", "20000", "--repeat", "3"]
@@ -427,7 +428,8 @@ def sglang_release(session: nox.Session, version: str) -> None:
     tmp = Path(session.create_tmp()).resolve()
     session.chdir(tmp)
     tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
-    tests += ["--ignore", str(SGLANG_REFUSAL_TESTS), "-m", "not any_release"]
+    tests += ["--ignore", str(SGLANG_REFUSAL_TESTS), "--ignore", str(SGLANG_PD_TESTS)]
+    tests += ["-m", "not any_release"]
     session.run("python", "-m", "pytest", *_pytest_args(tmp), *tests, *session.posargs)
 
 
