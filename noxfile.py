@@ -524,6 +524,25 @@ def sglang_refusal(session: nox.Session) -> None:
     _run_server_tests(session, SGLANG_REFUSAL_TESTS)
 
 
+SGLANG_RAY_TESTS = SGLANG / "tests" / "ray"
+
+
+@nox.session
+def sglang_ray(session: nox.Session) -> None:
+    """warcore-sglang in sglang's ``RayEngine`` (each scheduler a Ray actor) on a local Ray
+    cluster on a CPU (not in the default sessions: ``nox -s sglang_ray``; ``.ci/run`` runs it).
+
+    The venv: :func:`_sglang_venv` with ``plugins/sglang/sglang-<newest>-ray-pins.txt`` (the
+    serving path's pins and Ray's core). plugins/sglang/tests/ray starts one Ray cluster of two
+    nodes on 127.0.0.1 (``ray.cluster_utils.Cluster``, 80 MiB object stores) and five
+    ``RayEngine`` drivers on it, one after the other, each bounded and stopped by pid
+    (docs/sglang-ray.md).
+    """
+    ray_pins = SGLANG / f"sglang-{SGLANG_NEWEST}-ray-pins.txt"
+    _sglang_venv(session, SGLANG_NEWEST, ray_pins, [SGLANG])
+    _run_server_tests(session, SGLANG_RAY_TESTS)
+
+
 VLLM = ROOT / "plugins" / "vllm"
 VLLM_RELEASES = sorted(
     (p.name.removeprefix("vllm-").removesuffix("-pins.txt") for p in VLLM.glob("vllm-*-pins.txt")),

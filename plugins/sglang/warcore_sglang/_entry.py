@@ -456,10 +456,15 @@ def _start(role: str, rank: dict[str, Any], actor: Any = None) -> Status:
 
 def _for_ray_actors(status: Status) -> None:
     """A ``RayEngine``'s process: its scheduler actors start warcore-sglang themselves
-    (:mod:`warcore_sglang._ray`), asked here or in their own environment."""
+    (:mod:`warcore_sglang._ray`), asked here or in their own environment; a launcher or an
+    ``Engine`` that has not imported sglang's Ray actor yet wraps it when it does."""
     status.ray = _ray.wrap_scheduler_actors()
-    if status.ray is not None and not status.ray.startswith(_ray.WRAPPED):
-        status.level = max(status.level, logging.ERROR if _asked() else logging.WARNING)
+    level = logging.ERROR if _asked() else logging.WARNING
+    if status.ray is None and status.role in ("launcher", "engine"):
+        who = f"warcore-sglang: process {status.pid} ({status.role})"
+        _ray.wrap_when_imported(lambda why: _emit(level, f"{who}: {why}"))
+    elif status.ray is not None and status.ray != _ray.WRAPPED:
+        status.level = max(status.level, level)
 
 
 def _failed(exc: Exception) -> None:

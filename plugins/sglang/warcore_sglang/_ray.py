@@ -6,7 +6,8 @@ sglang's ``RayEngine`` loads plugins in its own process (``Engine.__init__`` cal
 calling ``load_plugins()``: warcore-sglang's entry point never runs in the actor. So the entry
 point, in the engine's process, wraps the constructor of the class Ray ships to the actors
 (:func:`wrap_scheduler_actors`, whenever ``sglang.srt.ray.scheduler_actor`` is imported
-there): the wrapper runs first thing in each actor, before ``Scheduler`` is built, and starts
+there, or :func:`wrap_when_imported` where it is imported later): the wrapper runs first thing
+in each actor, before ``Scheduler`` is built, and starts
 warcore-sglang there (:func:`warcore_sglang._entry.scheduler_actor`) as ``load_plugins()``
 would, then calls sglang's constructor with the arguments as given. Each actor says its own
 start-up line (Ray shows it in the driver's output), once its ``Scheduler`` is built: active,
@@ -24,7 +25,8 @@ not installed (it then says so in the actor's line).
 The engine's ``WARCORE_*`` variables travel with the wrapper: each actor takes those its own
 environment does not set (a Ray node's raylet, not the driver, is the parent of its workers).
 
-Standard library only at import: the engine's process pays a class attribute.
+Standard library only at import: the engine's process pays a class attribute (a launcher
+that has not imported sglang's Ray modules yet, an import hook).
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ACTOR_INIT", "ACTOR_MODULE", "WRAPPED", "unaudited", "wrap_scheduler_actors"]
+__all__ = [
+    "ACTOR_INIT",
+    "ACTOR_MODULE",
+    "WRAPPED",
+    "unaudited",
+    "wrap_scheduler_actors",
+    "wrap_when_imported",
+]
 
 ACTOR_MODULE = "sglang.srt.ray.scheduler_actor"
 ACTOR_INIT = "SchedulerActor.__init__"
@@ -72,6 +81,24 @@ def wrap_scheduler_actors() -> str | None:
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
         actor.__init__ = _actor_init(actor.__init__, forwarded)
     return WRAPPED
+
+
+def wrap_when_imported(on_failure: Callable[[str], None]) -> None:
+    """sglang's Ray actor module is not imported yet in this process (``python -m
+    sglang.launch_server --use-ray`` loads plugins at module level, and imports its Ray
+    launcher later): wrap the constructor right after it is imported; ``on_failure`` says why
+    not, if it cannot be wrapped then."""
+    from warcore.integration.post_import import PostImportFinder
+
+    def wrap(module: Any) -> None:
+        try:
+            said = wrap_scheduler_actors()
+        except Exception as exc:  # an import hook must not raise into sglang's import
+            said = f"{type(exc).__name__}: {exc}"
+        if said != WRAPPED:
+            on_failure(str(said))
+
+    sys.meta_path.insert(0, PostImportFinder({ACTOR_MODULE: wrap}))
 
 
 def _actor_init(original: Callable[..., None], forwarded: dict[str, str]) -> Callable[..., None]:
