@@ -302,6 +302,14 @@ _GONE_SINCE_0_5_23 = {
     # the disaggregated prefill's reader of the owner's event (issue 41)
     (DISAGG_PREFILL, "SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse"),
 }
+_CONN = "sglang.srt.disaggregation.mooncake.conn"
+_DECODE = "sglang.srt.disaggregation.decode"
+_REGISTRATION = (_CONN, "MooncakeKVManager.build_receiver_registration_message")
+_VERDICT = (_CONN, "MooncakeKVManager._validate_peer_state_layout")
+_PUBLISH = (_CONN, "MooncakeKVManager._publish_peer_registration")
+_TRANSFER = (_CONN, "MooncakeKVManager.transfer_worker")
+_SEND = (_DECODE, "DecodePreallocQueue._send_kv_metadata")
+_POP = (_DECODE, "DecodePreallocQueue.pop_preallocated")
 _PUBLISHER = (PUBLISHER, "maybe_publish_prefill_shared_read_done")
 _RESOLVE = (DECODE_RUNNER, "DecodeCudaGraphRunner._resolve_shared_read_ends")
 
@@ -313,13 +321,13 @@ def sglang_0_5_22(runs: dict[str, Result]) -> Result:
 
 
 def _expect_against_0_5_23(
-    rows: dict[tuple[str, str], tuple[str, str]],
+    rows: dict[tuple[str, str], tuple[str, str]], gone: set[tuple[str, str]]
 ) -> dict[str, set[tuple[str, str]]]:
     by_status: dict[str, set[tuple[str, str]]] = {}
     for key, (status, _) in rows.items():
         by_status.setdefault(status, set()).add(key)
-    assert len(rows) == 25  # 0.5.23's table
-    assert by_status["gone"] == _GONE_SINCE_0_5_23
+    assert len(rows) == 32  # 0.5.23's table
+    assert by_status["gone"] == _GONE_SINCE_0_5_23 | gone
     assert by_status["signature changed"] == {_PUBLISHER}
     assert rows[_PUBLISHER][1] == (
         "(model_runner, shared_read_ends, device_module) -> "
@@ -333,17 +341,18 @@ def test_sglang_0_5_22_against_0_5_23_reports_three_gone_one_signature_one_body(
 ) -> None:
     assert sglang_0_5_22.status == 1, sglang_0_5_22.stdout + sglang_0_5_22.stderr
     assert "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl" in sglang_0_5_22.stdout
-    by_status = _expect_against_0_5_23(function_rows(sglang_0_5_22.stdout))
-    assert by_status["body changed"] == {_PREFILL_LOOP}
-    assert len(by_status["unchanged"]) == 20 and set(by_status) == {
+    # the PD pairing's registration builder: 0.5.22 builds the message inline
+    by_status = _expect_against_0_5_23(function_rows(sglang_0_5_22.stdout), {_REGISTRATION})
+    assert by_status["body changed"] == {_PREFILL_LOOP, _POP, _VERDICT, _PUBLISH, _TRANSFER}
+    assert len(by_status["unchanged"]) == 22 and set(by_status) == {
         "unchanged",
         "gone",
         "signature changed",
         "body changed",
     }
     assert "watched modules: 11, every one in this wheel" in sglang_0_5_22.stdout
-    # 0.5.23's prefill loop asks the coarse reader; 0.5.22's has none
-    assert "structural checks: 13, 1 failing" in sglang_0_5_22.stdout
+    # 0.5.23's prefill loop asks the coarse reader; 0.5.22's has none, nor the registration
+    assert "structural checks: 16, 2 failing" in sglang_0_5_22.stdout
     assert f"FAIL  {_PREFILL_LOOP[1]}: no longer calls self._war_barrier_is_coarse(...)" in (
         sglang_0_5_22.stdout
     )
@@ -375,9 +384,9 @@ def test_sglang_0_5_21_against_0_5_23_also_reports_the_decode_runners_body(
     result = runs["sglang 0.5.21 --against 0.5.23"]
     assert result.status == 1
     rows = function_rows(result.stdout)
-    by_status = _expect_against_0_5_23(rows)
-    assert by_status["body changed"] == {_RESOLVE, _PREFILL_LOOP}
-    assert len(by_status["unchanged"]) == 19
+    by_status = _expect_against_0_5_23(rows, {_REGISTRATION, _VERDICT, _PUBLISH})
+    assert by_status["body changed"] == {_RESOLVE, _PREFILL_LOOP, _SEND, _POP, _TRANSFER}
+    assert len(by_status["unchanged"]) == 20
     assert rows[_RESOLVE][1] == "digest 0092106b1a2a2ffe -> c0d11a79285939e0"
 
 
@@ -507,7 +516,7 @@ def test_a_check_the_wheel_fails_in_source_is_reported_by_name(
     args = ("wctest_sglang", wheels["sglang", "0.5.21"])
     result = release(engines, tmp_path, *args, path=(extra_engines,))
     assert result.status == 1, result.stdout + result.stderr
-    assert "structural checks: 13, 1 failing" in result.stdout
+    assert "structural checks: 14, 1 failing" in result.stdout
     checks = result.stdout.split("structural checks:", 1)[1].split("\n\n", 1)[0]
     failing = [line for line in checks.splitlines() if line.startswith("    FAIL")]
     assert failing == ["    FAIL  module global envs: missing (not bound at run time)"]
@@ -521,7 +530,7 @@ def test_a_check_the_wheel_fails_in_source_is_reported_by_name(
         engines, tmp_path, "wctest_sglang", wheels["sglang", "0.5.23"], path=(extra_engines,)
     )
     assert passing.status == 0, passing.stdout
-    assert "structural checks: 14, 0 failing" in passing.stdout
+    assert "structural checks: 17, 0 failing" in passing.stdout
 
 
 def test_an_engine_that_fails_to_load_is_named_in_one_line(

@@ -30,6 +30,7 @@ from warcore.integration.checks import (
     InstanceAttribute,
     Members,
     NotRedefined,
+    ReturnsList,
 )
 from warcore.integration.release_diff import BadInput, Status, choose_base, compare
 from warcore.integration.releases import Engine, Release
@@ -100,6 +101,11 @@ _SOURCES = {
 
             def publish(self, ends):
                 self.event = ends
+
+            def message(self):
+                if self.event is None:
+                    return [b"none", b"0"]
+                return [b"event", str(self.event).encode()]
     """,
     f"{PKG}.workers": """
         from . import base as b
@@ -183,6 +189,9 @@ CASES: list[tuple[Check, str | None]] = [
     (Attributes("envs", ("FORCE_COARSE", "FORCE_PREFILL")), "envs attributes"),
     (Calls("Runner.execute", "_resolve"), None),
     (Calls("Runner.execute", "_snapshot"), "Runner.execute"),
+    (ReturnsList("Runner.message", 2), None),
+    (ReturnsList("Runner.message", 3), "Runner.message returns 3 items"),
+    (ReturnsList("Ends.latest", 1), "Ends.latest returns 1 items"),  # not a list display
     (InstanceAttribute("Runner", "event"), None),
     (InstanceAttribute("Runner", "shared"), "Runner.shared"),
     (ClassTree("Runner", (AssignedOnlyIn("event", frozenset({"__init__", "publish"})),)), None),

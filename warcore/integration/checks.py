@@ -4,8 +4,9 @@ functions, as data.
 A release's entry (:class:`~warcore.integration.releases.Release`) lists, per module, the
 checks its declarations and patches need: enum members and their values, module globals,
 attributes of a module-level object, that a function calls another, that an attribute is a
-plain instance attribute, and, over a class and every subclass, who assigns an attribute, that
-a method is not redefined, and how a method is called. Each check runs on the live module
+plain instance attribute, that a function returns a list of so many items, and, over a class
+and every subclass, who assigns an attribute, that a method is not redefined, and how a method
+is called. Each check runs on the live module
 (:meth:`Check.live`, where the module is imported, before it is patched) and raises
 :class:`~warcore.integration.engine_code.ShapeMismatch` naming itself; ``warcore release``
 evaluates the same checks on a release's source files without importing them
@@ -28,6 +29,7 @@ from .engine_code import (
     ShapeMismatch,
     assigns,
     calls,
+    definition,
     definition_in_source,
     method_sources,
     resolve,
@@ -46,6 +48,7 @@ __all__ = [
     "InstanceAttribute",
     "Members",
     "NotRedefined",
+    "ReturnsList",
     "SourceIndex",
     "require",
 ]
@@ -260,12 +263,7 @@ class Calls(Check):
         require(found, self.name, f"no longer calls self.{self.callee}(...)")
 
     def in_source(self, index: SourceIndex, module: str) -> None:
-        where, qualname = index.locate(module, self.function) or (module, self.function)
-        source, _ = _parsed(index, where)
-        try:
-            node = definition_in_source(source, qualname)
-        except LookupError:
-            raise ShapeMismatch(self.name, f"not defined in {module}") from None
+        node = _function_in_source(index, module, self.function, self.name)
         found = any(
             isinstance(sub, ast.Call)
             and isinstance(sub.func, ast.Attribute)
@@ -273,6 +271,42 @@ class Calls(Check):
             for sub in ast.walk(node)
         )
         require(found, self.name, f"no longer calls self.{self.callee}(...)")
+
+
+def _function_in_source(index: SourceIndex, module: str, function: str, name: str) -> ast.AST:
+    where, qualname = index.locate(module, function) or (module, function)
+    source, _ = _parsed(index, where)
+    try:
+        return definition_in_source(source, qualname)
+    except LookupError:
+        raise ShapeMismatch(name, f"not defined in {module}") from None
+
+
+@dataclass(frozen=True)
+class ReturnsList(Check):
+    """Every ``return`` of a function returns a list display of exactly ``length`` items (a
+    message whose frames are read by index: what is appended lands after the last)."""
+
+    label = "{function} returns {length} items"
+
+    function: str
+    length: int
+
+    def live(self, module: ModuleType) -> None:
+        self._judge(definition(resolve(module, self.function)))
+
+    def in_source(self, index: SourceIndex, module: str) -> None:
+        self._judge(_function_in_source(index, module, self.function, self.name))
+
+    def _judge(self, node: ast.AST) -> None:
+        found = [
+            len(sub.value.elts) if isinstance(sub.value, ast.List) else None
+            for sub in ast.walk(node)
+            if isinstance(sub, ast.Return)
+        ]
+        shown = ", ".join("not a list display" if n is None else f"{n} items" for n in found)
+        ok = bool(found) and all(n == self.length for n in found)
+        require(ok, self.name, f"returns {shown or 'nothing'} (audited: {self.length} items)")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from warcore.integration.checks import (
     InstanceAttribute,
     Members,
     NotRedefined,
+    ReturnsList,
 )
 from warcore.integration.releases import Engine, Release, by_version
 from warcore.integration.surface import (
@@ -39,7 +40,7 @@ from warcore.integration.surface import (
     Switches,
 )
 
-__all__ = ["ENGINE", "RELEASES", "SglangRelease"]
+__all__ = ["CONN", "DECODE", "ENGINE", "PAIRING", "RELEASES", "SglangRelease", "TRANSFER_ORDER"]
 
 S = "sglang.srt."
 
@@ -149,6 +150,31 @@ _CHECKS: dict[str, tuple[Check, ...]] = {
     ),
 }
 
+CONN = S + "disaggregation.mooncake.conn"
+DECODE = S + "disaggregation.decode"
+REGISTRATION = "MooncakeKVManager.build_receiver_registration_message"
+SEND_METADATA = "DecodePreallocQueue._send_kv_metadata"
+POP_PREALLOCATED = "DecodePreallocQueue.pop_preallocated"
+TRANSFER_ORDER = (DECODE, (SEND_METADATA, POP_PREALLOCATED))
+"""The decode side's transfer order (``activation._disagg``): the function it patches (where
+the slots' indices leave for the transfer engine) and the one it relies on (allocates the
+slots and the row, then calls it): module, qualified names. A release without both rows runs
+without the order, said in one line with its ``lacks``."""
+PAIRING = (
+    CONN,
+    (
+        REGISTRATION,  # patched: the decode side's registration (marked)
+        "KVArgsRegisterInfo.from_zmq",  # patched: the prefill side's parse (remembered)
+        "MooncakeKVManager._validate_peer_state_layout",  # patched: its verdict (refused)
+        # relied on: a reason recorded per session, logged once at registration, and each
+        # transfer to that session concluded failed with it
+        "MooncakeKVManager._publish_peer_registration",
+        "MooncakeKVManager.transfer_worker",
+    ),
+)
+"""The pairing check (Mooncake): the functions it patches and relies on, as for
+:data:`TRANSFER_ORDER`; the registration's frame count is its :class:`ReturnsList` check."""
+
 PREFILL_LOOP = "SchedulerDisaggregationPrefillMixin.event_loop_overlap_disagg_prefill"
 DECODE_LOOP = "SchedulerDisaggregationDecodeMixin.event_loop_overlap_disagg_decode"
 COARSE_READER = "SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse"
@@ -156,7 +182,11 @@ COARSE_READER = "SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse"
 _SCALE_OUT_CHECKS: dict[str, tuple[Check, ...]] = {
     # both disaggregated overlap loops apply the barrier after launching a batch
     S + "disaggregation.prefill": (Calls(PREFILL_LOOP, "_apply_war_barrier"),),
-    S + "disaggregation.decode": (Calls(DECODE_LOOP, "_apply_war_barrier"),),
+    # ... and the decode side hands a request's slots to the transfer engine after allocating
+    DECODE: (
+        Calls(DECODE_LOOP, "_apply_war_barrier"),
+        Calls(POP_PREALLOCATED, "_send_kv_metadata"),
+    ),
     # the actor class RayEngine builds (`SchedulerActor.options(...).remote(...)`)
     S + "ray.engine": (Globals(("SchedulerActor", "_create_scheduler_actor")),),
     S + "ray.scheduler_actor": (Globals(("SchedulerActor",)),),
@@ -164,7 +194,18 @@ _SCALE_OUT_CHECKS: dict[str, tuple[Check, ...]] = {
 """Where sglang scales out (disaggregation, Ray actors): the shape warcore relies on beyond the
 rows' digests. These modules are rows and checks of each entry, not watched: nothing of them is
 patched, and ``SchedulerActor`` is a Ray actor class (``@ray.remote``) whose live methods are
-Ray's, so the rows are checked from source (``warcore release``, the wheel tests)."""
+Ray's, so the rows are checked from source (``warcore release``, the wheel tests). The PD
+patches check the disaggregation modules live, in a PD scheduler, before patching them."""
+
+_PAIRING_CHECKS: dict[str, tuple[Check, ...]] = {
+    CONN: (
+        # sglang reads the frames it knows by index: the mark is one more, after the last
+        ReturnsList(REGISTRATION, 20),
+        # the layout verdict is asked at registration (its reason recorded per session)
+        Calls("MooncakeKVManager._publish_peer_registration", "_validate_peer_state_layout"),
+    ),
+}
+"""What the pairing check relies on in the Mooncake connector beyond its rows' digests."""
 
 _SCALE_OUT_0_5_23 = {
     S + "disaggregation.prefill": {
@@ -173,7 +214,33 @@ _SCALE_OUT_0_5_23 = {
         COARSE_READER: ("(self)", "75d2fdb0c716ca34"),
         PREFILL_LOOP: ("(self)", "3ac17aea7d193222"),
     },
-    S + "disaggregation.decode": {DECODE_LOOP: ("(self)", "3895ea749b2e6166")},
+    DECODE: {
+        DECODE_LOOP: ("(self)", "3895ea749b2e6166"),
+        SEND_METADATA: (
+            "(self, decode_req, kv_indices, page_size, state_indices=None, **metadata_kwargs)",
+            "685113ba6198efdb",
+        ),
+        POP_PREALLOCATED: (
+            "(self, rids_to_check=None, pp_good_rids=None, pp_bad_rids=None)",
+            "64b33a0adf9698a7",
+        ),
+    },
+    CONN: {
+        REGISTRATION: ("(self)", "22ca6e271467217d"),
+        "KVArgsRegisterInfo.from_zmq": ("(cls, msg)", "d282f51ec226ac8e"),
+        "MooncakeKVManager._validate_peer_state_layout": (
+            "(self, registration_info)",
+            "3d79183a2b900a8f",
+        ),
+        "MooncakeKVManager._publish_peer_registration": (
+            "(self, mooncake_session_id, decode_kv_args)",
+            "1a72ba8c1fe50df9",
+        ),
+        "MooncakeKVManager.transfer_worker": (
+            "(self, queue, executor, staging_buffer=None, worker_index=0)",
+            "1aa87811a6825f86",
+        ),
+    },
     S + "ray.scheduler_actor": {
         # builds the Scheduler in the actor, without load_plugins()
         "SchedulerActor.__init__": (
@@ -277,6 +344,7 @@ _0_5_23 = SglangRelease(
     checks={
         **_CHECKS,
         **_SCALE_OUT_CHECKS,
+        **_PAIRING_CHECKS,
         S + "disaggregation.prefill": (
             *_SCALE_OUT_CHECKS[S + "disaggregation.prefill"],
             Calls(PREFILL_LOOP, "_war_barrier_is_coarse"),
@@ -330,6 +398,29 @@ _0_5_22 = _0_5_23.derive(
             COARSE_READER: None,
             PREFILL_LOOP: ("(self)", "7cbeb8e57bc67e5b"),
         },
+        DECODE: {
+            POP_PREALLOCATED: (
+                "(self, rids_to_check=None, pp_good_rids=None, pp_bad_rids=None)",
+                "ac64a20d830a3ebc",
+            ),
+        },
+        CONN: {
+            # rows of the functions it has (read from the wheel); the pairing is off without
+            # the registration builder (lacks)
+            REGISTRATION: None,
+            "MooncakeKVManager._validate_peer_state_layout": (
+                "(self, registration_info)",
+                "d8d6b6557685feae",
+            ),
+            "MooncakeKVManager._publish_peer_registration": (
+                "(self, mooncake_session_id, decode_kv_args)",
+                "345ba56871371a04",
+            ),
+            "MooncakeKVManager.transfer_worker": (
+                "(self, queue, executor, staging_buffer=None, worker_index=0)",
+                "eb92f87855938327",
+            ),
+        },
     },
     checks={**_CHECKS, **_SCALE_OUT_CHECKS},
     lacks={
@@ -337,6 +428,12 @@ _0_5_22 = _0_5_23.derive(
             "no reader of its own: the disaggregated prefill loop applies the barrier right "
             "after launching each batch, coarse or not (0.5.23 defers a coarse one past "
             "result processing)"
+        ),
+        f"{CONN}:{REGISTRATION}": (
+            "the decode side's registration is built inline in "
+            "MooncakeKVReceiver._register_kv_args and sent there (no function returns it for "
+            "warcore to mark): no pairing check, sides with and without warcore pair as "
+            "sglang pairs them"
         ),
     },
     watched={
@@ -387,6 +484,31 @@ _0_5_21 = _0_5_22.derive(
             ),
         },
         S + "disaggregation.prefill": {PREFILL_LOOP: ("(self)", "9555c6382d8ee7da")},
+        DECODE: {
+            SEND_METADATA: (
+                "(self, decode_req, kv_indices, page_size, state_indices=None, **metadata_kwargs)",
+                "5043cb74a8ea68d9",
+            ),
+            POP_PREALLOCATED: (
+                "(self, rids_to_check=None, pp_good_rids=None, pp_bad_rids=None)",
+                "679d33c1a2de3ab5",
+            ),
+        },
+        CONN: {
+            "MooncakeKVManager._validate_peer_state_layout": None,
+            "MooncakeKVManager._publish_peer_registration": None,
+            "MooncakeKVManager.transfer_worker": (
+                "(self, queue, executor, staging_buffer=None, worker_index=0)",
+                "8fe6e748106f59a8",
+            ),
+        },
+    },
+    lacks={
+        **_0_5_22.lacks,
+        f"{CONN}:MooncakeKVManager._validate_peer_state_layout": (
+            "no layout verdict at registration (nor _publish_peer_registration): a mismatched "
+            "peer is rejected per transfer only"
+        ),
     },
     watched={**_0_5_22.watched, S + "speculative.eagle_draft_extend_cuda_graph_runner": "check"},
     unbounded_owners=frozenset({"draft"}),

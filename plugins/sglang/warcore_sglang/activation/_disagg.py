@@ -2,8 +2,11 @@
 
 Installed at the end of each PD scheduler's ``Scheduler.__init__`` (sglang has imported its
 disaggregation modules there: ``init_disaggregation`` builds the queues and the connector),
-checked against the release's rows first (:data:`FUNCTIONS`), patched through the
-activation's patcher (put back when warcore comes off):
+each part checked first against the entry of the release in force (its rows of
+:data:`~warcore_sglang.releases.TRANSFER_ORDER` and :data:`~warcore_sglang.releases.PAIRING`,
+and its structural checks of their modules; a part whose rows the release lacks is off, said
+with the entry's ``lacks``), patched through the activation's patcher (put back when warcore
+comes off):
 
 * **The transfer order** (decode side, any transfer backend): the KV slots a new request is
   given may be slots the forward still in flight reads and writes: in the overlap loop a
@@ -28,67 +31,21 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warcore.integration.engine_code import ShapeMismatch, check_functions
+from warcore.integration.checks import ReturnsList
+from warcore.integration.engine_code import ShapeMismatch
 
 from ..audit import observe as _observe
+from ..releases import CONN, PAIRING, REGISTRATION, TRANSFER_ORDER, SglangRelease
 from . import _state
 
-__all__ = ["FUNCTIONS", "MARK", "Transfer", "install"]
+__all__ = ["MARK", "Transfer", "frames", "install"]
 
-S = "sglang.srt."
-CONN = S + "disaggregation.mooncake.conn"
-DECODE = S + "disaggregation.decode"
 MARK = b"warcore-sglang-active"
 """The trailing frame of a decode side's KV-args registration where warcore is active."""
-FRAMES = 20
-"""The frames sglang 0.5.23's registration message has (``build_receiver_registration_message``)."""
-
-FUNCTIONS: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
-    "0.5.23": {
-        CONN: {
-            # patched: the decode side's registration (marked), the prefill side's parse of it
-            # (remembered) and its layout verdict (refused without the mark)
-            "MooncakeKVManager.build_receiver_registration_message": (
-                "(self)",
-                "22ca6e271467217d",
-            ),
-            "KVArgsRegisterInfo.from_zmq": ("(cls, msg)", "d282f51ec226ac8e"),
-            "MooncakeKVManager._validate_peer_state_layout": (
-                "(self, registration_info)",
-                "3d79183a2b900a8f",
-            ),
-            # relied on: a reason recorded per session, logged once at registration, and each
-            # transfer to that session concluded failed with it
-            "MooncakeKVManager._publish_peer_registration": (
-                "(self, mooncake_session_id, decode_kv_args)",
-                "1a72ba8c1fe50df9",
-            ),
-            "MooncakeKVManager.transfer_worker": (
-                "(self, queue, executor, staging_buffer=None, worker_index=0)",
-                "1aa87811a6825f86",
-            ),
-        },
-        DECODE: {
-            # patched: where the slots' indices leave for the transfer engine
-            "DecodePreallocQueue._send_kv_metadata": (
-                "(self, decode_req, kv_indices, page_size, state_indices=None, **metadata_kwargs)",
-                "685113ba6198efdb",
-            ),
-            # relied on: allocates the slots and the row, then calls it
-            "DecodePreallocQueue.pop_preallocated": (
-                "(self, rids_to_check=None, pp_good_rids=None, pp_bad_rids=None)",
-                "64b33a0adf9698a7",
-            ),
-        },
-    },
-}
-"""Per audited release: the sglang functions this module patches or relies on (signature,
-digest: :mod:`warcore.integration.engine_code`). A release without rows gets neither patch,
-said in one line."""
 
 _A = _state.activation
 log = logging.getLogger("warcore.sglang")
@@ -116,44 +73,64 @@ def _mode(scheduler: Any) -> str:
 def install(scheduler: Any) -> None:
     """The PD patches for this scheduler's side (nothing outside PD)."""
     mode = _mode(scheduler)
-    if mode not in ("prefill", "decode") or not _A.installed:
+    state = _state.current
+    if mode not in ("prefill", "decode") or not _A.installed or state is None:
         return
-    rows = FUNCTIONS.get(_A.version)
-    if rows is None:
-        _state.log_once(
-            ("pd-unaudited", _A.version),
-            logging.WARNING,
-            f"warcore-sglang: PD on sglang {_A.version}: its disaggregation path was not "
-            "audited; no transfer order nor pairing check (docs/sglang-pd.md)",
-        )
-        return
-    done = []
+    release = state.release
+    parts: list[tuple[str, str | None]] = []
     try:
         if mode == "decode":
-            _patch_decode(rows)
-            done.append("the transfer order")
+            why = _lacking(release, *TRANSFER_ORDER)
+            if why is None:
+                _patch_decode()
+            parts.append(("the transfer order", why))
         if CONN in sys.modules:  # the Mooncake backend (its connector is imported for it only)
-            _patch_pairing(rows, mode)
-            done.append("the pairing check (Mooncake)")
+            why = _lacking(release, *PAIRING)
+            if why is None:
+                _patch_pairing(release, mode)
+            parts.append(("the pairing check (Mooncake)", why))
     except ShapeMismatch as exc:
         _A.take_off(exc.check, exc.detail)
         return
-    log.info(
+    on = [name for name, why in parts if why is None]
+    off = [f"without {name}: {why}" for name, why in parts if why is not None]
+    log.log(
+        logging.WARNING if off else logging.INFO,
         "warcore-sglang: process %d is the %s side of a PD pair: %s",
         os.getpid(),
         mode,
-        " and ".join(done) or "no transfer backend warcore pairs with",
+        "; ".join(on + off) or "no transfer backend warcore pairs with",
     )
 
 
-def _checked(rows: dict[str, dict[str, tuple[str, str]]], module_name: str) -> Any:
+def _lacking(release: SglangRelease, module: str, qualnames: Sequence[str]) -> str | None:
+    """Why ``release`` runs without the part relying on these rows: the first row its entry
+    lacks, with what its ``lacks`` says of it; ``None`` where it has them all."""
+    rows = release.functions_of(module)
+    for qualname in qualnames:
+        if qualname not in rows:
+            said = release.lacks.get(f"{module}:{qualname}", "its entry has no row of it")
+            return f"sglang {release.version} lacks {qualname} ({said})"
+    return None
+
+
+def _checked(module_name: str) -> Any:
+    """The module, once its rows and structural checks in the entry in force passed."""
     module = sys.modules[module_name]
-    check_functions(module, rows[module_name], _A.version)
+    _A.check_module(module)
     return module
 
 
-def _patch_decode(rows: dict[str, dict[str, tuple[str, str]]]) -> None:
-    queue = _checked(rows, DECODE).DecodePreallocQueue
+def frames(release: SglangRelease) -> int:
+    """The frames ``release``'s registration message has (its entry's :class:`ReturnsList`)."""
+    for check in release.checks.get(CONN, ()):
+        if isinstance(check, ReturnsList) and check.function == REGISTRATION:
+            return check.length
+    raise ShapeMismatch(REGISTRATION, f"sglang {release.version}'s entry has no frame count")
+
+
+def _patch_decode() -> None:
+    queue = _checked(TRANSFER_ORDER[0]).DecodePreallocQueue
     original = vars(queue)["_send_kv_metadata"]
     _A.patcher.set(queue, "_send_kv_metadata", _ordered_send(original))
 
@@ -191,15 +168,15 @@ def _wait_for_forward(scheduler: Any) -> bool:
         return False
 
 
-def _patch_pairing(rows: dict[str, dict[str, tuple[str, str]]], mode: str) -> None:
-    conn = _checked(rows, CONN)
+def _patch_pairing(release: SglangRelease, mode: str) -> None:
+    conn = _checked(CONN)
     manager, info = conn.MooncakeKVManager, conn.KVArgsRegisterInfo
     if mode == "decode":
         build = vars(manager)["build_receiver_registration_message"]
         _A.patcher.set(manager, "build_receiver_registration_message", _marked(build))
         return
     parse = vars(info)["from_zmq"]
-    _A.patcher.set(info, "from_zmq", classmethod(_remembered(parse.__func__)))
+    _A.patcher.set(info, "from_zmq", classmethod(_remembered(parse.__func__, frames(release))))
     validate = vars(manager)["_validate_peer_state_layout"]
     _A.patcher.set(manager, "_validate_peer_state_layout", _refusing(validate))
 
@@ -215,11 +192,11 @@ def _marked(original: Callable[..., Any]) -> Callable[..., Any]:
 _PEER = "_warcore_sglang_peer"
 
 
-def _remembered(original: Callable[..., Any]) -> Callable[..., Any]:
+def _remembered(original: Callable[..., Any], frames: int) -> Callable[..., Any]:
     @functools.wraps(original)
     def from_zmq(cls: Any, msg: Any) -> Any:
         info = original(cls, msg)
-        setattr(info, _PEER, len(msg) > FRAMES and msg[-1] == MARK)
+        setattr(info, _PEER, len(msg) > frames and msg[-1] == MARK)
         return info
 
     return from_zmq
