@@ -93,13 +93,14 @@ def install(scheduler: Any) -> None:
         _A.take_off(exc.check, exc.detail)
         return
     on = [name for name, why in parts if why is None]
+    said = [" and ".join(on)] if on else []
     off = [f"without {name}: {why}" for name, why in parts if why is not None]
     log.log(
         logging.WARNING if off else logging.INFO,
         "warcore-sglang: process %d is the %s side of a PD pair: %s",
         os.getpid(),
         mode,
-        "; ".join(on + off) or "no transfer backend warcore pairs with",
+        "; ".join(said + off) or "no transfer backend warcore pairs with",
     )
 
 
