@@ -51,7 +51,7 @@ FORWARDED = "WARCORE_"
 """The prefix of the engine's variables each actor takes where its own environment has none
 (``WARCORE_SGLANG*``, and the core's ``WARCORE_PLUGINS``, ``WARCORE_DISABLE_PLUGINS``)."""
 _MARK = "__warcore_sglang_actor__"
-WRAPPED = "each Ray SchedulerActor starts warcore-sglang before its Scheduler is built"
+WRAPPED = "each Ray SchedulerActor runs warcore-sglang's entry point before its Scheduler is built"
 """What the engine's start-up line says once the actors' constructor is wrapped."""
 
 

@@ -40,25 +40,6 @@ def _watch(engine: Any, done: threading.Event) -> None:
         os._exit(3)
 
 
-def _generate(engine: Any, waves: list[list[dict[str, Any]]]) -> tuple[dict[str, Any], list[float]]:
-    tokens: dict[str, Any] = {}
-    seconds: list[float] = []
-    for wave in waves:
-        start = time.monotonic()
-        outputs = engine.generate(
-            input_ids=[r["input_ids"] for r in wave],
-            sampling_params=[
-                {"max_new_tokens": r["max_new_tokens"], "temperature": 0, "ignore_eos": True}
-                for r in wave
-            ],
-            rid=[r["rid"] for r in wave],
-        )
-        seconds.append(time.monotonic() - start)
-        for r, o in zip(wave, outputs, strict=True):
-            tokens[r["rid"]] = list(o["output_ids"])
-    return tokens, seconds
-
-
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     import ray
@@ -66,14 +47,17 @@ def main(spec_path: str) -> None:
     runtime_env = {"worker_process_setup_hook": cpu_actor, **spec.get("runtime_env", {})}
     ray.init(address=spec["address"], runtime_env=runtime_env, log_to_driver=True)
     from sglang.srt.ray.engine import RayEngine
+    from warcore_sglang.serving import harness
 
     t0 = time.monotonic()
     engine = RayEngine(**spec["engine"])
     startup = time.monotonic() - t0
     done = threading.Event()
     threading.Thread(target=_watch, args=(engine, done), daemon=True).start()
+    tokens: dict[str, Any] = {}
+    seconds: list[float] = []
     try:
-        tokens, seconds = _generate(engine, spec["waves"])
+        harness.run_waves(engine, spec["waves"], tokens, seconds)
     finally:
         done.set()
         engine.shutdown()

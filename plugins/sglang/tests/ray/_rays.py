@@ -127,6 +127,7 @@ class Run:
     records: list[dict[str, Any]]
     log: str
     seconds: float
+    returncode: int | None = 0
 
     def kind(self, kind: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get("kind") == kind]
@@ -157,9 +158,11 @@ def run(
     *,
     env: dict[str, str] | None = None,
     runtime_env: dict[str, Any] | None = None,
+    fails: bool = False,
 ) -> Run:
     """One driver: ``RayEngine(**engine)`` on the cluster, the waves, a trace
-    (``WARCORE_SGLANG_TRACE``, read whether or not warcore is asked)."""
+    (``WARCORE_SGLANG_TRACE``, read whether or not warcore is asked). ``fails``: the driver is
+    expected to end without a result (its exit status is returned)."""
     work = root / name
     work.mkdir(parents=True, exist_ok=True)
     path, out, log = work / "trace.jsonl", work / "out.json", work / "driver.log"
@@ -187,12 +190,14 @@ def run(
         pass
     finally:
         harness.stop_tree(child)
+    seconds = time.monotonic() - start
+    records = trace.read_trace(path) if path.is_file() else []
+    if fails:
+        return Run(name, {}, records, str(log), seconds, child.returncode)
     if child.returncode != 0 or not out.is_file():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
         raise harness.ServerError(f"{name}: exited {child.returncode}; log {log}:\n{tail}")
-    tokens = json.loads(out.read_text())["tokens"]
-    records = trace.read_trace(path) if path.is_file() else []
-    return Run(name, tokens, records, str(log), time.monotonic() - start)
+    return Run(name, json.loads(out.read_text())["tokens"], records, str(log), seconds)
 
 
 def engine_args(model: Path, **overrides: Any) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """warcore-sglang in sglang's ``RayEngine`` on a local Ray cluster (``nox -s sglang_ray``; the
 other sglang sessions, without Ray, leave this folder out).
 
-One cluster of two nodes for the session, and five drivers on it, one after the other (two
+One cluster of two nodes for the session, and six drivers on it, one after the other (two
 cores: one engine at a time): sglang alone at tp 2, and with ``WARCORE_SGLANG=1`` at tp 1, tp 2
 on one node, tp 2 across the two nodes, and tp 1 where warcore-sglang cannot be imported in the
-actor (whose scheduler is then sglang's alone: the tokens of tp 1 without warcore). They run
+actor (whose scheduler is then sglang's alone: the tokens of tp 1 without warcore), and sglang
+alone at tp 2 where the first forward's C++ build fails (the actors' event loops die). They run
 once, before the first test that asks for them; every test asserts on their logs, traces and
 tokens. The cluster is stopped by pid at the end.
 """
@@ -46,7 +47,17 @@ else:
                 engine_args(model),
                 {**on, "runtime_env": {"env_vars": {"PYTHONPATH": broken}}},
             ),
+            # tp 2's first forward builds C++ (torch.compile): no compiler, the actor's event
+            # loop dies there; sglang alone
+            "dies": (
+                engine_args(model, tp_size=2),
+                {"runtime_env": _no_compiler(root), "fails": True},
+            ),
         }
+
+    def _no_compiler(root: Path) -> dict[str, object]:
+        cache = root / "inductor"  # an empty cache: the build is not skipped
+        return {"env_vars": {"CXX": "/bin/false", "TORCHINDUCTOR_CACHE_DIR": str(cache)}}
 
     @pytest.fixture(scope="session")
     def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:

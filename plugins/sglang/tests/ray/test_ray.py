@@ -94,3 +94,14 @@ def test_an_actor_where_warcore_cannot_activate_says_so_in_one_line_and_serves(
     # nothing of warcore in the actor: the trace holds the engine's process alone
     assert [r["role"] for r in broken.kind("process")] == ["engine"], broken.kind("process")
     assert not broken.kind("barrier")
+
+
+def test_a_driver_whose_actors_die_while_serving_ends_at_once_in_one_line(runs: Runs) -> None:
+    """sglang's ``RayEngine`` does not watch its actors: an actor whose event loop dies leaves
+    the request waiting (the trial's "never returned"). The harness's driver reads the loops'
+    end and stops, long before its bound; the actor's own error is in the log."""
+    dies = runs["dies"]
+    assert dies.returncode == 3 and dies.seconds < 150, (dies.returncode, dies.seconds)
+    assert dies.said("driver: a scheduler actor's event loop ended while serving"), dies.log
+    assert dies.said("Ray scheduler actor terminated with error"), dies.log
+    assert dies.said("InvalidCxxCompiler: No working C++ compiler found"), dies.log

@@ -52,6 +52,7 @@ __all__ = [
     "parse_engine_args",
     "run_engine",
     "run_refused_engine",
+    "run_waves",
     "stop_tree",
     "tagged",
     "two_waves",
@@ -501,6 +502,29 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def run_waves(
+    engine: Any, waves: list[list[dict[str, Any]]], tokens: dict[str, Any], seconds: list[float]
+) -> None:
+    """Each wave (requests as dicts) on an ``sglang.Engine`` (or ``RayEngine``), greedy, one
+    after the other: each request's output ids into ``tokens``, each wave's time into
+    ``seconds``."""
+    for wave in waves:
+        start = time.monotonic()
+        outputs = engine.generate(
+            input_ids=[r["input_ids"] for r in wave],
+            sampling_params=[
+                {"max_new_tokens": r["max_new_tokens"], "temperature": 0, "ignore_eos": True}
+                for r in wave
+            ],
+            rid=[r["rid"] for r in wave],
+        )
+        seconds.append(time.monotonic() - start)
+        if isinstance(outputs, dict):
+            outputs = [outputs]
+        for r, o in zip(wave, outputs, strict=True):
+            tokens[r["rid"]] = list(o["output_ids"])
+
+
 def _engine_child(spec_path: str) -> None:
     """The child of :func:`run_engine`."""
     import psutil
@@ -527,21 +551,7 @@ def _engine_child(spec_path: str) -> None:
         "wave_s": [],
     }
     try:
-        for wave in spec["waves"]:
-            start = time.monotonic()
-            outputs = engine.generate(
-                input_ids=[r["input_ids"] for r in wave],
-                sampling_params=[
-                    {"max_new_tokens": r["max_new_tokens"], "temperature": 0, "ignore_eos": True}
-                    for r in wave
-                ],
-                rid=[r["rid"] for r in wave],
-            )
-            result["wave_s"].append(time.monotonic() - start)
-            if isinstance(outputs, dict):
-                outputs = [outputs]
-            for r, o in zip(wave, outputs, strict=True):
-                result["tokens"][r["rid"]] = list(o["output_ids"])
+        run_waves(engine, spec["waves"], result["tokens"], result["wave_s"])
     finally:
         engine.shutdown()
     Path(spec["out"]).write_text(json.dumps(result))
