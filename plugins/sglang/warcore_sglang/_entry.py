@@ -462,8 +462,12 @@ def _for_ray_actors(status: Status) -> None:
     level = logging.ERROR if _asked() else logging.WARNING
     if status.ray is None and status.role in ("launcher", "engine"):
         who = f"warcore-sglang: process {status.pid} ({status.role})"
-        _ray.wrap_when_imported(lambda why: _emit(level, f"{who}: {why}"))
-    elif status.ray is not None and status.ray != _ray.WRAPPED:
+        try:
+            _ray.wrap_when_imported(lambda why: _emit(level, f"{who}: {why}"))
+        except Exception as exc:  # warcore itself cannot be imported: the line says so
+            if _asked():
+                status.ray = f"sglang's Ray scheduler actors will not be wrapped: {_reason(exc)}"
+    if status.ray is not None and status.ray != _ray.WRAPPED:
         status.level = max(status.level, level)
 
 
