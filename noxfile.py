@@ -31,7 +31,10 @@ older audited release, ``.ci/run`` too) runs what that release changes: the clas
 that depend on it, and one real ``Engine``; ``nox -s sglang_refusal`` (``.ci/run`` too)
 installs sglang 0.5.20, which warcore-sglang has not audited, and checks that ``install()``
 refuses it and patches nothing, and that its real ``Engine`` says so in one start-up line and
-serves alone; ``nox -s vllm`` (``.ci/run`` too) audits the real classes of each vLLM release
+serves alone; ``nox -s sglang_pd`` (``.ci/run`` too) starts the newest release's real prefill and
+decode servers (Mooncake's non-CUDA transfer engine over TCP on 127.0.0.1) behind
+sglang-router, and ``nox -s sglang_ray`` (``.ci/run`` too) its real ``RayEngine`` on a local
+two-node Ray cluster, each with warcore active; ``nox -s vllm`` (``.ci/run`` too) audits the real classes of each vLLM release
 warcore-vllm supports (one session per release, ``vllm(release='0.33.0')``,
 ``vllm(release='0.34.0')``).
 """

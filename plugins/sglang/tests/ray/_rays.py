@@ -184,12 +184,13 @@ def run(
             env=child_env,
             cwd=str(work),
         )
+    # the driver's own children (sglang's detokenizer) are noted while it runs: one left
+    # behind when the driver ends is stopped by its pid with the rest
+    known: list[int] = []
     try:
-        child.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pass
+        harness.watch_tree(child, start + TIMEOUT, known)
     finally:
-        harness.stop_tree(child)
+        harness.stop_tree(child, known=known)
     seconds = time.monotonic() - start
     records = trace.read_trace(path) if path.is_file() else []
     if fails:

@@ -56,6 +56,7 @@ __all__ = [
     "stop_tree",
     "tagged",
     "two_waves",
+    "watch_tree",
     "write_tiny_model",
 ]
 
@@ -417,7 +418,7 @@ def _spawn(
     return child, out, log
 
 
-def _watch(child: subprocess.Popen[bytes], deadline: float, known: list[int]) -> bool:
+def watch_tree(child: subprocess.Popen[bytes], deadline: float, known: list[int]) -> bool:
     """Wait for ``child`` until ``deadline`` (monotonic), noting every pid of its tree in
     ``known``; whether it exited."""
     while child.poll() is None and time.monotonic() < deadline:
@@ -443,7 +444,7 @@ def run_engine(
     child, out, log = _spawn(engine_args, waves, env, workdir, name, python)
     known: list[int] = []
     try:
-        if not _watch(child, time.monotonic() + timeout, known):
+        if not watch_tree(child, time.monotonic() + timeout, known):
             raise ServerError(f"{name}: no result within {timeout:.0f} s; log {log}:\n{_tail(log)}")
     finally:
         stop_tree(child, known=known)
@@ -472,7 +473,7 @@ def run_refused_engine(
     child, out, log = _spawn(engine_args, [], env, workdir, name, None)
     known: list[int] = []
     try:
-        if not _watch(child, started + timeout, known):
+        if not watch_tree(child, started + timeout, known):
             raise ServerError(f"{name}: still starting after {timeout:.0f} s; log {log}")
         seconds = time.monotonic() - started
         end = time.monotonic() + grace
