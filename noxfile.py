@@ -34,9 +34,9 @@ refuses it and patches nothing, and that its real ``Engine`` says so in one star
 serves alone; ``nox -s sglang_pd`` (``.ci/run`` too) starts the newest release's real prefill and
 decode servers (Mooncake's non-CUDA transfer engine over TCP on 127.0.0.1) behind
 sglang-router, and ``nox -s sglang_ray`` (``.ci/run`` too) its real ``RayEngine`` on a local
-two-node Ray cluster, each with warcore active; ``nox -s vllm`` (``.ci/run`` too) audits the real classes of each vLLM release
-warcore-vllm supports (one session per release, ``vllm(release='0.33.0')``,
-``vllm(release='0.34.0')``).
+two-node Ray cluster, each with warcore active; ``nox -s vllm`` (``.ci/run`` too) audits the
+real classes of each vLLM release warcore-vllm supports (one session per release,
+``vllm(release='0.33.0')``, ``vllm(release='0.34.0')``).
 """
 
 from __future__ import annotations
