@@ -289,6 +289,9 @@ def test_the_server_benchmark_reads_the_activation_time_the_scheduler_says() -> 
     line = startup_line(status)
     found = bench_server._ACTIVE.search(f"[2026-12-05 11:00:00 TP0] {line}\n")
     assert found is not None and float(found.group(1)) == 0.125, line
+    for role in ("prefill scheduler", "decode scheduler"):  # a PD side's scheduler counts too
+        status.role = role
+        assert bench_server._ACTIVE.search(startup_line(status)) is not None, role
     status.role = "detokenizer"  # only the scheduler's line counts
     assert bench_server._ACTIVE.search(startup_line(status)) is None
 

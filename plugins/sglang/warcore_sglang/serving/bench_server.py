@@ -85,7 +85,9 @@ def _waves(args: argparse.Namespace) -> list[list[serving.Request]]:
     return [*warm, *ttft, *decode]
 
 
-_ACTIVE = re.compile(r"\(scheduler[^)]*\): warcore active on sglang \S+ in ([0-9.]+) s")
+_ACTIVE = re.compile(
+    r"\((?:prefill |decode )?scheduler[^)]*\): warcore active on sglang \S+ in ([0-9.]+) s"
+)
 """The scheduler's start-up line (``warcore_sglang._entry.startup_line``) when active: what
 activating took in that process."""
 
