@@ -405,7 +405,8 @@ def sglang(session: nox.Session) -> None:
     session.chdir(tmp)
     tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
     tests += ["--ignore", str(SGLANG_REFUSAL_TESTS), "--ignore", str(SGLANG_RELEASE_TESTS)]
-    tests += ["--ignore", str(SGLANG_PD_TESTS)]  # nox -s sglang_pd's own environment
+    # nox -s sglang_pd's and sglang_ray's own environments
+    tests += ["--ignore", str(SGLANG_PD_TESTS), "--ignore", str(SGLANG_RAY_TESTS)]
     session.run("python", "-m", "pytest", *_pytest_args(tmp), *tests, *session.posargs)
     env = {"PYTHONPATH": str(SGLANG_BOOT)}
     bench = ["python", "-m", "warcore_sglang.serving.bench", "--calls", "20000", "--repeat", "3"]
@@ -432,7 +433,7 @@ def sglang_release(session: nox.Session, version: str) -> None:
     session.chdir(tmp)
     tests = [str(SGLANG / "tests"), "--ignore", str(SGLANG_SERVER_TESTS)]
     tests += ["--ignore", str(SGLANG_REFUSAL_TESTS), "--ignore", str(SGLANG_PD_TESTS)]
-    tests += ["-m", "not any_release"]
+    tests += ["--ignore", str(SGLANG_RAY_TESTS), "-m", "not any_release"]
     session.run("python", "-m", "pytest", *_pytest_args(tmp), *tests, *session.posargs)
 
 
