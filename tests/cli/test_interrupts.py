@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _support.signals import sigint_as_a_terminal_sends_it
 
 # real subprocesses of warcore run, soak and bench: the signal handling, whatever the plugins
 pytestmark = pytest.mark.plugin_agnostic
@@ -38,6 +39,7 @@ def _signalled(
         stderr=slave,
         cwd=cwd,
         env=env,
+        preexec_fn=sigint_as_a_terminal_sends_it,
     )
     os.close(slave)
     assert proc.stdout is not None

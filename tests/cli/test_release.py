@@ -31,6 +31,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _support.signals import sigint_as_a_terminal_sends_it
 
 from warcore.integration.engine_code import audit_in_source
 from warcore.integration.releases import Release
@@ -613,7 +614,13 @@ def test_ctrl_c_while_pip_downloads_removes_the_folder(engines: Path, tmp_path: 
     env["TMPDIR"] = str(tmp)
     command = [sys.executable, "-m", "warcore", "release", "vllm", "0.33.0"]
     process = subprocess.Popen(
-        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_a_terminal_sends_it,
     )
     try:
         deadline = time.monotonic() + 60
