@@ -277,6 +277,103 @@ def test_the_meter_counts_warcores_time_apart_from_the_sglang_code_it_calls(
     assert all(0.01e9 <= ns < 0.02e9 for ns in by_point.values()), line
 
 
+@pytest.mark.parametrize("control", [False, True])
+def test_a_control_batch_runs_each_point_as_sglangs_own_inside_the_same_meter(
+    tmp_path: Path, control: bool
+) -> None:
+    """``WARCORE_SGLANG_METER_CONTROL``: every other batch, each patched point (a function, a
+    property) runs as a pass-through to sglang's original, warcore's part never called, timed
+    by the same wrappers under the same point's name; each line says whether it was a control.
+    Without it every batch is warcore's."""
+    import time
+
+    from warcore_sglang.activation import _meter
+
+    ran: list[str] = []
+
+    def sglangs(*args: object) -> str:
+        return "sglang's"
+
+    class Patched(property):
+        pass
+
+    def make(original: object) -> object:  # warcore's part: 5 ms, its own answer
+        if isinstance(original, property):
+            fget = original.fget
+            assert fget is not None
+
+            def last_shared_read_runner(self: object) -> str:
+                ran.append("property")
+                time.sleep(0.005)
+                return "warcore's" if fget(self) else "?"
+
+            return Patched(last_shared_read_runner)
+
+        def resolve(*args: object) -> str:
+            ran.append("point")
+            time.sleep(0.005)
+            return "warcore's" if callable(original) and original(*args) else "?"
+
+        return resolve
+
+    point = _meter.timed(make)(sglangs)
+    prop = _meter.timed(make)(property(sglangs))
+    answers: list[tuple[str, str]] = []
+
+    def run_batch(self: object, batch: object) -> None:
+        answers.append((point(), prop.fget(None)))  # type: ignore[misc]
+
+    class Batch:
+        forward_mode = type("Mode", (), {"name": "EXTEND"})()
+
+    file = tmp_path / "meter.jsonl"
+    metered = _meter.timed_batches(run_batch, lambda s: None, str(file), control=control)
+    for _ in range(4):
+        metered[0](None, Batch())
+        metered[1](None)
+    lines = [json.loads(text) for text in file.read_text().splitlines()]
+    flags = [line["control"] for line in lines]
+    assert flags == ([False, True, False, True] if control else [False] * 4), lines
+    for flag, line, answer in zip(flags, lines, answers, strict=True):
+        assert set(line["by_point"]) == {"resolve", "last_shared_read_runner"}, line
+        assert line["calls"] == 2, line
+        if flag:
+            assert answer == ("sglang's", "sglang's"), answers
+            assert line["warcore_ns"] < 0.005e9, line  # no sleep of warcore's in it
+        else:
+            assert answer == ("warcore's", "warcore's"), answers
+            assert line["warcore_ns"] >= 0.01e9, line
+    assert ran == ["point", "property"] * (2 if control else 4), ran
+
+
+def test_the_server_benchmark_quotes_real_batches_net_of_the_control_batches(
+    tmp_path: Path,
+) -> None:
+    """The summary's figures are the real batches'; the control's beside them; the net is the
+    real median minus the control's (hand-made lines: 10, 12, 14 µs real, 3, 4, 9 µs control,
+    so 12 - 4 = 8 µs). A meter without controls keeps every batch."""
+    from warcore_sglang.serving import bench_server
+
+    def line(ns: int, control: bool) -> str:
+        record = {"mode": "EXTEND", "warcore_ns": ns, "calls": 2, "batch_ns": 1_000_000}
+        record |= {"by_point": {"resolve": ns}, "floor_ns": 500, "control": control}
+        return json.dumps(record)
+
+    real, control = [10_000, 12_000, 14_000], [3_000, 4_000, 9_000]
+    meter = tmp_path / "meter.jsonl"
+    rows = [line(r, False) + "\n" + line(c, True) for r, c in zip(real, control, strict=True)]
+    meter.write_text("\n".join(rows) + "\n")
+    extend = bench_server._per_batch(meter)["EXTEND"]
+    assert extend["batches"] == 3 and extend["warcore_us_median"] == 12.0, extend
+    assert extend["control"]["batches"] == 3, extend
+    assert extend["control"]["warcore_us_median"] == 4.0, extend
+    assert extend["net_of_control_us"] == 8.0, extend
+    assert "warcore net of it: 8.0 us" in bench_server._per_batch_lines("", {"EXTEND": extend})
+    meter.write_text("\n".join(line(r, False) for r in real + control) + "\n")
+    plain = bench_server._per_batch(meter)["EXTEND"]
+    assert plain["batches"] == 6 and "control" not in plain, plain
+
+
 def test_the_server_benchmark_reads_the_activation_time_the_scheduler_says() -> None:
     """The scheduler's start-up line gained the release it names ("active on sglang 0.5.23
     in 0.125 s"); the benchmark's pattern still looked for "active in", and its activation

@@ -150,7 +150,10 @@ def _scheduler(module: ModuleType) -> None:
     state = _state.current
     if state is not None and state.meter:
         run_batch, barrier = _meter.timed_batches(
-            vars(scheduler)["run_batch"], vars(scheduler)["_apply_war_barrier"], state.meter
+            vars(scheduler)["run_batch"],
+            vars(scheduler)["_apply_war_barrier"],
+            state.meter,
+            control=_meter.control(),
         )
         _A.patcher.set(scheduler, "run_batch", run_batch)
         _A.patcher.set(scheduler, "_apply_war_barrier", barrier)

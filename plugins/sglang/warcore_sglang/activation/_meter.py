@@ -15,6 +15,15 @@ calls, the clock is read first: finding the tally there is counted as sglang's (
 counted as warcore's before 2026-12-05). ``floor_ns`` is what the meter counts for a point
 that adds nothing, timed after the barrier (where the caches are warmer than at a point):
 warcore_ns minus calls × floor_ns, the net figure, is an upper bound still.
+
+The floor is warm; a point runs where the batch's forward has just left the caches cold, and
+the meter's wrappers cost more there. With ``WARCORE_SGLANG_METER_CONTROL=1`` as well, every
+other batch is a control: each point runs as a pass-through to sglang's original (sglang's
+own answer, nothing of warcore's) inside the very same meter wrappers, at the same sites, in
+the same process; its line says ``"control": true``. A control batch's figure is what the
+meter counts for nothing there, so a real batch's minus a control batch's is warcore's own
+cost at the same cache temperature (``python -m warcore_sglang.serving.bench_server`` turns
+it on and reports both). A control batch is not bounded by warcore: a benchmark's setting only.
 """
 
 from __future__ import annotations
@@ -29,9 +38,10 @@ from typing import Any
 
 from ..audit.trace import write_record
 
-__all__ = ["ENV_METER", "path", "timed", "timed_batches"]
+__all__ = ["ENV_CONTROL", "ENV_METER", "control", "path", "timed", "timed_batches"]
 
 ENV_METER = "WARCORE_SGLANG_METER"
+ENV_CONTROL = "WARCORE_SGLANG_METER_CONTROL"
 
 
 class _Tally:
@@ -48,6 +58,8 @@ class _Tally:
         "by_point",
         "batch_start",
         "mode",
+        "batches",
+        "control",
     )
 
     def __init__(self) -> None:
@@ -57,6 +69,9 @@ class _Tally:
         self.in_sglang = False
         self.batch_start: int | None = None
         self.mode = "?"
+        self.batches = 0
+        self.control = False
+        """This batch's points run as the control's pass-throughs (``ENV_CONTROL``)."""
 
 
 _local = threading.local()
@@ -77,19 +92,28 @@ def path() -> str | None:
     return os.path.abspath(value) if value else None
 
 
-def _count(function: Callable[..., Any]) -> Callable[..., Any]:
+def control() -> bool:
+    """``WARCORE_SGLANG_METER_CONTROL=1``: every other metered batch a control."""
+    return os.environ.get(ENV_CONTROL, "").strip() == "1"
+
+
+def _count(
+    function: Callable[..., Any], control: Callable[..., Any] | None = None
+) -> Callable[..., Any]:
+    """``function`` timed (``control`` runs instead in a control batch, timed the same)."""
     local, clock = _local, time.perf_counter_ns  # the meter's own cost is counted: kept small
-    name = function.__name__
+    name, control = function.__name__, control or function
 
     @functools.wraps(function)
     def counted(*args: Any, **kwargs: Any) -> Any:
         tally = getattr(local, "tally", None) or _tally()
+        call = control if tally.control else function  # chosen before the clock starts
         depth = tally.depth
         tally.depth = depth + 1
         own = tally.own_ns
         start = clock()
         try:
-            return function(*args, **kwargs)
+            return call(*args, **kwargs)
         finally:
             tally.depth = depth
             if depth == 0:
@@ -130,17 +154,21 @@ def _sglangs(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def timed(make: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``make`` (a patched point's factory), its product timed, the original it calls timed
-    apart: a function or a property (sglang's getter timed apart too)."""
+    apart: a function or a property (sglang's getter timed apart too); the control's
+    pass-through to that timed original beside it."""
 
     def timed_make(original: Any) -> Any:
         if isinstance(original, property):
             assert original.fget is not None
-            patched = make(property(_sglangs(original.fget), original.fset, original.fdel))
+            fget = _sglangs(original.fget)
+            patched = make(property(fget, original.fset, original.fdel))
             assert patched.fget is not None
-            out = type(patched)(_count(patched.fget), patched.fset, patched.fdel)
+            timed_fget = _count(patched.fget, _pass_through(fget))
+            out = type(patched)(timed_fget, patched.fset, patched.fdel)
             out.__warcore_original__ = original
             return out
-        return _count(make(_sglangs(original)))
+        sglangs = _sglangs(original)
+        return _count(make(sglangs), _pass_through(sglangs))
 
     return timed_make
 
@@ -190,9 +218,10 @@ def _write(file: str, record: dict[str, Any]) -> None:
 
 
 def timed_batches(
-    run_batch: Callable[..., Any], barrier: Callable[..., Any], file: str
+    run_batch: Callable[..., Any], barrier: Callable[..., Any], file: str, control: bool = False
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """``Scheduler.run_batch`` and ``_apply_war_barrier`` wrapped to write one line per batch."""
+    """``Scheduler.run_batch`` and ``_apply_war_barrier`` wrapped to write one line per batch
+    (``control``: every other batch a control)."""
 
     @functools.wraps(run_batch)
     def metered_run_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -201,6 +230,8 @@ def timed_batches(
         tally.by_point = {}
         tally.batch_start = time.perf_counter_ns()
         tally.mode = str(getattr(getattr(batch, "forward_mode", None), "name", "?"))
+        tally.batches += 1
+        tally.control = control and tally.batches % 2 == 0
         return run_batch(self, batch, *args, **kwargs)
 
     @functools.wraps(barrier)
@@ -220,8 +251,9 @@ def timed_batches(
                     "by_point": tally.by_point,
                     "batch_ns": batch_ns,
                     "floor_ns": _floor(tally),
+                    "control": tally.control,
                 }
-                tally.batch_start = None
+                tally.batch_start, tally.control = None, False
                 _write(file, record)
 
     metered_run_batch.__warcore_original__ = run_batch  # type: ignore[attr-defined]

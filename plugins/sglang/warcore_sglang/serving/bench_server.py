@@ -59,6 +59,7 @@ from typing import Any
 
 from warcore.cli import JsonOutput, Limit
 
+from ..activation._meter import ENV_CONTROL
 from . import harness as serving
 
 __all__ = ["main", "measure"]
@@ -125,7 +126,7 @@ def _metered(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any
     work.mkdir(parents=True, exist_ok=True)
     meter = work / "meter.jsonl"
     env = {**serving.cpu_env(), **VARIANTS["warcore"], "WARCORE_SGLANG_TRACE": ""}
-    env |= {"WARCORE_PLUGINS": args.plugins, "WARCORE_SGLANG_METER": str(meter)}
+    env |= {"WARCORE_PLUGINS": args.plugins, "WARCORE_SGLANG_METER": str(meter), **_CONTROL}
     engine = serving.cpu_engine_args(model, log_level="warning")
     serving.run_engine(
         engine, _waves(args), env=env, timeout=args.timeout, workdir=work, name="metered"
@@ -142,7 +143,7 @@ def _metered_pd(model: Path, work: Path, args: argparse.Namespace) -> dict[str, 
     meters = {side: work / f"{side}-meter.jsonl" for side in ("prefill", "decode")}
     envs = {
         side: {**pd.pd_env(), **VARIANTS["warcore"], "WARCORE_SGLANG_TRACE": ""}
-        | {"WARCORE_PLUGINS": args.plugins, "WARCORE_SGLANG_METER": str(meter)}
+        | {"WARCORE_PLUGINS": args.plugins, "WARCORE_SGLANG_METER": str(meter), **_CONTROL}
         for side, meter in meters.items()
     }
     with pd.started(
@@ -153,36 +154,57 @@ def _metered_pd(model: Path, work: Path, args: argparse.Namespace) -> dict[str, 
     return {side: _per_batch(meter) for side, meter in meters.items()}
 
 
+_CONTROL = {ENV_CONTROL: "1"}
+"""Every other metered batch a control: the meter around pass-throughs at the same sites."""
+
+
 def _per_batch(meter: Path) -> dict[str, Any]:
-    """The meter's lines summarised by forward mode (and over all)."""
+    """The meter's lines summarised by forward mode (and over all): the real batches' figures,
+    the control batches' beside them, and the real median minus the control's."""
     batches = [json.loads(line) for line in meter.read_text().splitlines() if line.strip()]
     out: dict[str, Any] = {}
     for mode in sorted({b["mode"] for b in batches}) + ["all"]:
         of = [b for b in batches if mode in ("all", b["mode"])]
-        shares = sorted(b["warcore_ns"] / b["batch_ns"] for b in of)
-        out[mode] = {
-            "batches": len(of),
-            "warcore_us_median": round(statistics.median(b["warcore_ns"] for b in of) / 1e3, 2),
-            "points_us_median": round(
-                statistics.median(b.get("points_ns", b["warcore_ns"]) for b in of) / 1e3, 2
-            ),
-            "calls_median": statistics.median(b["calls"] for b in of),
-            "by_point_us_median": _by_point(of),
-            "floor_us_median": round(statistics.median(b.get("floor_ns", 0) for b in of) / 1e3, 2),
-            "net_us_median": round(
-                statistics.median(b["warcore_ns"] - b["calls"] * b.get("floor_ns", 0) for b in of)
-                / 1e3,
-                2,
-            ),
-            "batch_ms_median": round(statistics.median(b["batch_ns"] for b in of) / 1e6, 3),
-            "share_median": round(statistics.median(shares), 5),
-            "share_p90": round(shares[int(0.9 * (len(shares) - 1))], 5),
-            "share_max": round(shares[-1], 5),
-            "share_of_total": round(
-                sum(b["warcore_ns"] for b in of) / sum(b["batch_ns"] for b in of), 5
-            ),
-        }
+        real = [b for b in of if not b.get("control")] or of
+        out[mode] = _figures(real)
+        control = [b for b in of if b.get("control")]
+        if control and real is not of:
+            mine, theirs = out[mode], _figures(control)
+            mine["control"] = {key: theirs[key] for key in _CONTROL_KEYS}
+            mine["net_of_control_us"] = round(
+                mine["warcore_us_median"] - theirs["warcore_us_median"], 2
+            )
     return out
+
+
+_CONTROL_KEYS = ("batches", "warcore_us_median", "calls_median", "by_point_us_median")
+
+
+def _figures(of: list[dict[str, Any]]) -> dict[str, Any]:
+    """One set of batches' medians and shares."""
+    shares = sorted(b["warcore_ns"] / b["batch_ns"] for b in of)
+    return {
+        "batches": len(of),
+        "warcore_us_median": round(statistics.median(b["warcore_ns"] for b in of) / 1e3, 2),
+        "points_us_median": round(
+            statistics.median(b.get("points_ns", b["warcore_ns"]) for b in of) / 1e3, 2
+        ),
+        "calls_median": statistics.median(b["calls"] for b in of),
+        "by_point_us_median": _by_point(of),
+        "floor_us_median": round(statistics.median(b.get("floor_ns", 0) for b in of) / 1e3, 2),
+        "net_us_median": round(
+            statistics.median(b["warcore_ns"] - b["calls"] * b.get("floor_ns", 0) for b in of)
+            / 1e3,
+            2,
+        ),
+        "batch_ms_median": round(statistics.median(b["batch_ns"] for b in of) / 1e6, 3),
+        "share_median": round(statistics.median(shares), 5),
+        "share_p90": round(shares[int(0.9 * (len(shares) - 1))], 5),
+        "share_max": round(shares[-1], 5),
+        "share_of_total": round(
+            sum(b["warcore_ns"] for b in of) / sum(b["batch_ns"] for b in of), 5
+        ),
+    }
 
 
 def _by_point(batches: list[dict[str, Any]]) -> dict[str, float]:
@@ -420,8 +442,27 @@ def _per_batch_lines(_: str, s: dict[str, Any]) -> str:
         f"floor {m['floor_us_median']:.1f} us per call: {m['net_us_median']:.1f} us) of "
         f"{m['batch_ms_median']:.2f} ms: median {m['share_median']:.3%}, p90 "
         f"{m['share_p90']:.3%}, of the total {m['share_of_total']:.3%}"
-        + "".join(f"\n    {p}: {us:.1f} us" for p, us in m.get("by_point_us_median", {}).items())
+        + _control_line(m)
+        + "".join(
+            f"\n    {p}: {us:.1f} us"
+            + (
+                f" (control {m['control']['by_point_us_median'].get(p, 0):.1f} us)"
+                if "control" in m
+                else ""
+            )
+            for p, us in m.get("by_point_us_median", {}).items()
+        )
         for mode, m in s.items()
+    )
+
+
+def _control_line(m: dict[str, Any]) -> str:
+    if "control" not in m:
+        return ""
+    c = m["control"]
+    return (
+        f"\n  same-site control ({c['batches']} batches: the meter around pass-throughs): "
+        f"{c['warcore_us_median']:.1f} us; warcore net of it: {m['net_of_control_us']:.1f} us"
     )
 
 
