@@ -586,6 +586,8 @@ def test_sglangs_own_code_in_one_thread_leaves_another_threads_points_bounded(
     depth that says "sglang's own code" is per thread."""
     import threading
 
+    from warcore_sglang.declarations import oracle
+
     sgl = _sgl()
     installed.set_force_coarse(True)  # warcore's answer: UNKNOWN everywhere, sglang's: not
     inside, release = threading.Event(), threading.Event()
@@ -611,6 +613,17 @@ def test_sglangs_own_code_in_one_thread_leaves_another_threads_points_bounded(
         other = leaf("trtllm_mha", algorithm("none"))
         assert other.shared_read_ends(sgl.mode.DECODE) is sgl.ends.UNKNOWN  # bounded here
         assert _runner()._resolve_shared_read_ends(other, sgl.mode.DECODE) is sgl.ends.UNKNOWN
+        # the resolver here: this thread's depth, though the other thread's call, the last
+        # one, is inside sglang's code (a snapshot that asks no declaration: only the depth
+        # the resolver itself reads tells sglang's answer from warcore's); in sglang's own
+        # code here, sglang's answer
+        quick = leaf("trtllm_mha", algorithm("none"))
+        quick._snapshot_prefill_shared_reads = lambda fb, *, num_qo_tokens: sgl.ends.PRE_REPLAY
+        assert quick.resolve_prefill_shared_read_ends(batch, num_qo_tokens=8) is sgl.ends.UNKNOWN
+        with oracle.in_tree():
+            own = quick.resolve_prefill_shared_read_ends(batch, num_qo_tokens=8)
+        assert own is sgl.ends.PRE_REPLAY
+        assert quick.resolve_prefill_shared_read_ends(batch, num_qo_tokens=8) is sgl.ends.UNKNOWN
     finally:
         release.set()
         worker.join(10)

@@ -23,6 +23,7 @@ warcore's plugins or switches change or the runner plants its in-graph event.
 from __future__ import annotations
 
 import contextlib
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -100,17 +101,27 @@ def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     snapshot as shipped, bounded. Once per prefill batch, in a scheduler whose caches hold the
     forward's data, where each line read cold costs (measured with ``WARCORE_SGLANG_METER``,
     about 1 µs a line): :func:`oracle.own`, the cache read and :func:`bound` are written
-    inline, this thread's :class:`oracle.Depth` is reached once, and whether the activation
-    is on is asked only on a miss (its answers are taken off every backend with it)."""
-    tree, getattribute, cache = oracle.TREE, object.__getattribute__, _state.CACHE
+    inline, and whether the activation is on is asked only on a miss (its answers are taken
+    off every backend with it).
+
+    This thread's :class:`oracle.Depth` is the one the last caller's thread had, when this is
+    that thread (its ident, one C call): a ``threading.local`` read finds the thread's dict,
+    the local's entry and then the attribute, each cold here (1.3-1.6 µs a batch, against the
+    meter's same-site control, BENCHMARKS.md). The pair is one tuple, read and rebound whole.
+    Should a thread end and a new one get its ident, this point and the points it calls would
+    read different depths: each then takes warcore's bounded path where it could have taken
+    sglang's, a later answer, never an earlier one."""
+    getattribute, cache, ident = object.__getattribute__, _state.CACHE, threading.get_ident
+    last: tuple[int | None, oracle.Depth | None] = (None, None)
 
     def resolve_prefill_shared_read_ends(
         self: Any, forward_batch: Any, *args: Any, **kw: Any
     ) -> Any:
-        try:
-            here = tree.here
-        except AttributeError:
+        nonlocal last
+        thread, here = last
+        if here is None or ident() != thread:
             here = oracle.depth()
+            last = (ident(), here)
         if here.depth:
             return original(self, forward_batch, *args, **kw)
         here.depth = 1
