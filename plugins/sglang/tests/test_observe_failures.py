@@ -282,7 +282,7 @@ def test_a_control_batch_runs_each_point_as_sglangs_own_inside_the_same_meter(
     tmp_path: Path, control: bool
 ) -> None:
     """``WARCORE_SGLANG_METER_CONTROL``: every other batch, each patched point (a function, a
-    property) runs as a pass-through to sglang's original, warcore's part never called, timed
+    property) calls sglang's original in warcore's place, warcore's part never called, timed
     by the same wrappers under the same point's name; each line says whether it was a control.
     Without it every batch is warcore's."""
     import time

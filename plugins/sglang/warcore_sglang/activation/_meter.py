@@ -18,12 +18,13 @@ warcore_ns minus calls × floor_ns, the net figure, is an upper bound still.
 
 The floor is warm; a point runs where the batch's forward has just left the caches cold, and
 the meter's wrappers cost more there. With ``WARCORE_SGLANG_METER_CONTROL=1`` as well, every
-other batch is a control: each point runs as a pass-through to sglang's original (sglang's
-own answer, nothing of warcore's) inside the very same meter wrappers, at the same sites, in
+other batch is a control: in place of each patched point, the meter's wrappers call sglang's
+original itself (sglang's own answer, no frame or line of warcore's), at the same sites, in
 the same process; its line says ``"control": true``. A control batch's figure is what the
 meter counts for nothing there, so a real batch's minus a control batch's is warcore's own
-cost at the same cache temperature (``python -m warcore_sglang.serving.bench_server`` turns
-it on and reports both). A control batch is not bounded by warcore: a benchmark's setting only.
+cost at the same cache temperature, its patched function's frame included (``python -m
+warcore_sglang.serving.bench_server`` turns it on and reports both). A control batch is not
+bounded by warcore: a benchmark's setting only.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class _Tally:
         self.mode = "?"
         self.batches = 0
         self.control = False
-        """This batch's points run as the control's pass-throughs (``ENV_CONTROL``)."""
+        """This batch's points call sglang's originals in warcore's place (``ENV_CONTROL``)."""
 
 
 _local = threading.local()
@@ -154,8 +155,8 @@ def _sglangs(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def timed(make: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``make`` (a patched point's factory), its product timed, the original it calls timed
-    apart: a function or a property (sglang's getter timed apart too); the control's
-    pass-through to that timed original beside it."""
+    apart: a function or a property (sglang's getter timed apart too); the control, that
+    timed original alone, beside it."""
 
     def timed_make(original: Any) -> Any:
         if isinstance(original, property):
@@ -163,12 +164,12 @@ def timed(make: Callable[[Any], Any]) -> Callable[[Any], Any]:
             fget = _sglangs(original.fget)
             patched = make(property(fget, original.fset, original.fdel))
             assert patched.fget is not None
-            timed_fget = _count(patched.fget, _pass_through(fget))
+            timed_fget = _count(patched.fget, fget)
             out = type(patched)(timed_fget, patched.fset, patched.fdel)
             out.__warcore_original__ = original
             return out
         sglangs = _sglangs(original)
-        return _count(make(sglangs), _pass_through(sglangs))
+        return _count(make(sglangs), sglangs)
 
     return timed_make
 

@@ -155,7 +155,7 @@ def _metered_pd(model: Path, work: Path, args: argparse.Namespace) -> dict[str, 
 
 
 _CONTROL = {ENV_CONTROL: "1"}
-"""Every other metered batch a control: the meter around pass-throughs at the same sites."""
+"""Every other metered batch a control: the meter around sglang's originals at the same sites."""
 
 
 def _per_batch(meter: Path) -> dict[str, Any]:
@@ -461,7 +461,7 @@ def _control_line(m: dict[str, Any]) -> str:
         return ""
     c = m["control"]
     return (
-        f"\n  same-site control ({c['batches']} batches: the meter around pass-throughs): "
+        f"\n  same-site control ({c['batches']} batches: the meter around sglang's own): "
         f"{c['warcore_us_median']:.1f} us; warcore net of it: {m['net_of_control_us']:.1f} us"
     )
 
