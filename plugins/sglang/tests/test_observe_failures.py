@@ -351,8 +351,12 @@ def test_the_server_benchmark_quotes_real_batches_net_of_the_control_batches(
 ) -> None:
     """The summary's figures are the real batches'; the control's beside them; the net is the
     real median minus the control's (hand-made lines: 10, 12, 14 µs real, 3, 4, 9 µs control,
-    so 12 - 4 = 8 µs). A meter without controls keeps every batch."""
+    so 12 - 4 = 8 µs). A meter without controls keeps every batch; the benchmark's servers
+    get the control's variable as the meter reads it."""
+    from warcore_sglang.activation import _meter
     from warcore_sglang.serving import bench_server
+
+    assert bench_server._CONTROL == {_meter.ENV_CONTROL: "1"}
 
     def line(ns: int, control: bool) -> str:
         record = {"mode": "EXTEND", "warcore_ns": ns, "calls": 2, "batch_ns": 1_000_000}
