@@ -7,6 +7,7 @@ table, so a new command without arguments here fails the first test.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,55 @@ def test_a_logged_error_with_a_newline_stays_one_line(tmp_path: Path) -> None:
         "_wcfake_two_lines:ENGINE: RuntimeError: first\\nsecond"
     )
     assert "second" not in done.stderr.replace("first\\nsecond", "")
+
+
+_PLUGINS_COMMAND = """
+import sys
+from warcore.cli import run_command
+
+def main():
+    if sys.argv[1] == "interrupt":
+        raise KeyboardInterrupt
+    for n in range(200_000):
+        print(n)
+    return 3
+
+raise SystemExit(run_command("python -m acme.tool", main))
+"""
+"""A plugin's own command, its ``__main__`` as warcore-sglang's and warcore-vllm's are."""
+
+
+@pytest.mark.parametrize(
+    ("stdout", "then", "status", "says"),
+    [
+        ("pipe", "print", 3, None),
+        ("full", "print", 2, "error: standard output: No space left on device"),
+        (
+            "closed",
+            "print",
+            2,
+            "error: standard output is closed; redirect it to a file or /dev/null instead",
+        ),
+        ("gone", "print", 141, None),
+        ("pipe", "interrupt", 130, "SIGINT: stopped; no output file was left half-written"),
+    ],
+)
+def test_a_plugins_command_run_through_run_command_follows_warcores_rules(
+    tmp_path: Path, stdout: str, then: str, status: int, says: str | None
+) -> None:
+    """``run_command``: the command's own exit status; stdout full or closed, one line naming
+    the plugin's command, exit 2; the reader gone (``| head -c 1``), quietly 141; Ctrl-C, one
+    line and 130; never a traceback."""
+    command = [sys.executable, "-c", _PLUGINS_COMMAND, then]
+    if stdout == "gone":  # the reader reads one byte and leaves
+        script = 'set -o pipefail; "$@" | head -c 1 >/dev/null'
+        command = ["bash", "-c", script, "bash", *command]
+    done = release_fakes.run_command(
+        tmp_path, tmp_path, command, "pipe" if stdout == "gone" else stdout
+    )
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines == ([f"python -m acme.tool: {says}"] if says else []), lines
+    if stdout == "pipe" and then == "print":
+        assert done.stdout.split()[-1] == "199999"

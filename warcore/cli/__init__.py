@@ -34,7 +34,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, cast
 
@@ -66,11 +66,12 @@ __all__ = [
     "UsageError",
     "check_writable",
     "main",
+    "run_command",
     "write_output",
 ]
-"""``Limit``, ``JsonOutput``, ``check_writable``, ``write_output`` and ``UsageError`` are also
-for plugins' own commands (``python -m warcore_sglang.serving.bench``...): the same number and
-output rules."""
+"""``Limit``, ``JsonOutput``, ``check_writable``, ``write_output``, ``UsageError`` and
+``run_command`` are also for plugins' own commands (``python -m warcore_sglang.serving.bench``...):
+the same number, output, signal and standard-output rules."""
 
 _COMMANDS: dict[str, Command] = {
     "plugins": PLUGINS,
@@ -119,48 +120,57 @@ what a shell reports for a Unix tool ended by SIGPIPE, so ``set -o pipefail`` se
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_command(PROG, lambda: _main(argv))
+
+
+def run_command(prog: str, command: Callable[[], int]) -> int:
+    """``command()``'s exit status, run as every warcore command runs, ``prog`` naming it in
+    each line (a plugin's ``python -m`` command: ``raise SystemExit(run_command(PROG, main))``):
+    a closed standard output refused before it runs (one line, 2), SIGINT and SIGTERM stopping
+    it after every ``finally`` ran (one line, 130 and 143), the reader of stdout gone (quietly,
+    141), stdout failing while written (``>/dev/full``: one line, 2)."""
     if sys.stdout is None:  # started with stdout closed: print() would drop every line
-        _error("standard output is closed; redirect it to a file or /dev/null instead")
+        _error("standard output is closed; redirect it to a file or /dev/null instead", prog)
         return 2
     with _stopped_by_signals(), _guarded_stdout():
         try:
-            return _main(argv)
+            try:
+                status = command()
+                sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+            except BrokenPipeError:
+                return _reader_gone()
+            return status
         except KeyboardInterrupt:
-            return _stopped(signal.SIGINT)
+            return _stopped(signal.SIGINT, prog)
         except _Stopped as stop:
-            return _stopped(stop.signum)
+            return _stopped(stop.signum, prog)
         except _StdoutFailed as failed:
             _discard_stdout()
-            _error(f"standard output: {failed.error.strerror or failed.error}")
+            _error(f"standard output: {failed.error.strerror or failed.error}", prog)
             return 2
 
 
-def _error(text: str) -> None:
-    print(f"{PROG}: error: {one_line(text)}", file=sys.stderr)
+def _error(text: str, prog: str = PROG) -> None:
+    print(f"{prog}: error: {one_line(text)}", file=sys.stderr)
 
 
 def _main(argv: list[str] | None) -> int:
+    args = _build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # benchmarks record it
+    _setup_logging(args.verbose)
     try:
-        args = _build_parser().parse_args(argv)
-        args.argv = list(sys.argv[1:] if argv is None else argv)  # benchmarks record it
-        _setup_logging(args.verbose)
-        try:
-            status = _COMMANDS[args.command].run(args)
-        except UsageError as exc:
-            _error(str(exc))
-            return 2
-        except PluginLoadError as exc:
-            _error(str(exc))
-            return 1
-        except ModuleNotFoundError as exc:
-            if exc.name != "torch":
-                raise
-            _error(torch_missing(f"{PROG} {args.command}"))
-            return 2
-        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
-        return status
-    except BrokenPipeError:
-        return _reader_gone()
+        return _COMMANDS[args.command].run(args)
+    except UsageError as exc:
+        _error(str(exc))
+        return 2
+    except PluginLoadError as exc:
+        _error(str(exc))
+        return 1
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        _error(torch_missing(f"{PROG} {args.command}"))
+        return 2
 
 
 class _StdoutFailed(BaseException):
@@ -243,13 +253,13 @@ def _stopped_by_signals() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stopped(signum: int) -> int:
+def _stopped(signum: int, prog: str) -> int:
     """One line, and the exit status a shell reports for a process ended by ``signum``
     (130 for SIGINT, 143 for SIGTERM). Output files are written whole or not at all
     (:mod:`warcore._files`), so nothing half-written is left."""
     name = signal.Signals(signum).name
     start = "\n" if sys.stderr.isatty() else ""  # after a progress bar's unfinished line
-    print(f"{start}{PROG}: {name}: stopped; no output file was left half-written", file=sys.stderr)
+    print(f"{start}{prog}: {name}: stopped; no output file was left half-written", file=sys.stderr)
     return 128 + signum
 
 

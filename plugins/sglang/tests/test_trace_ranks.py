@@ -123,3 +123,32 @@ def test_a_field_of_the_wrong_shape_is_one_line_naming_the_file_and_line(tmp_pat
     path.write_text(json.dumps(_barrier(0, 1, *STEPS[0])) + "\n" + '{"kind": ' + "9" * 5000 + "}\n")
     done = _cli(path)
     assert done.returncode == 2 and f"{path}: line 2: not JSON" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("redirect", "status", "says"),
+    [
+        ("> /dev/full", 2, "error: standard output: No space left on device"),
+        (">&-", 2, "error: standard output is closed; redirect it to a file or /dev/null instead"),
+        ("| head -c 1 > /dev/null", 141, None),
+    ],
+)
+def test_the_command_with_its_output_full_closed_or_its_reader_gone(
+    tmp_path: Path, redirect: str, status: int, says: str | None
+) -> None:
+    """As warcore's own commands: one line naming this command and exit 2, or quietly 141
+    when the reader left; never a traceback (the summary of two long traces, some 100 lines)."""
+    steps = STEPS * 2000
+    late = [("DECODE", "none", "wait_stream")] * len(steps)  # every other batch differs
+    a, b = _node(tmp_path / "a.jsonl", 0, steps), _node(tmp_path / "b.jsonl", 1, late)
+    script = f'set -o pipefail; "$@" --json {a} {b} {redirect}'
+    done = subprocess.run(
+        ["bash", "-c", script, "bash", sys.executable, "-m", "warcore_sglang.audit.trace"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines == ([f"python -m warcore_sglang.audit.trace: {says}"] if says else []), lines

@@ -196,3 +196,34 @@ def test_the_commands_refuse_a_bad_argument_in_one_line_before_running(
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and culprit in done.stderr.splitlines()[-1], done.stderr
     assert done.stdout == ""  # nothing was run
+
+
+@pytest.mark.parametrize(
+    ("module", "redirect", "says"),
+    [
+        (
+            "warcore_vllm.audit",
+            ">&-",
+            "error: standard output is closed; redirect it to a file or /dev/null instead",
+        ),
+        ("warcore_vllm.audit", "> /dev/full", "error: standard output: No space left on device"),
+        (
+            "warcore_vllm.bench",
+            ">&-",
+            "error: standard output is closed; redirect it to a file or /dev/null instead",
+        ),
+    ],
+)
+def test_the_commands_with_their_output_closed_or_full_say_so_in_one_line(
+    module: str, redirect: str, says: str
+) -> None:
+    """``python -m warcore_vllm.audit`` and ``.bench`` follow warcore's own commands: one line
+    naming the command, exit 2, no traceback (``--help``: printed where the command runs)."""
+    done = subprocess.run(
+        ["bash", "-c", f'"$@" --help {redirect}', "bash", sys.executable, "-m", module],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"python -m {module}: {says}"], done.stderr

@@ -412,4 +412,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from warcore.cli import run_command
+
+    raise SystemExit(run_command("python -m warcore_sglang.audit.sanitize", main))

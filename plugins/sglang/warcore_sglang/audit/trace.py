@@ -621,4 +621,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from warcore.cli import run_command
+
+    raise SystemExit(run_command("python -m warcore_sglang.audit.trace", main))

@@ -499,4 +499,6 @@ _SECTIONS: dict[str, Callable[[str, dict[str, Any]], str]] = {
 """Summary sections printed their own way; every other key is a tokens/s or TTFT ratio."""
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from warcore.cli import run_command
+
+    raise SystemExit(run_command("python -m warcore_sglang.serving.bench_server", main))

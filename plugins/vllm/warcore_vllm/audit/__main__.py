@@ -1,7 +1,7 @@
 """``python -m warcore_vllm.audit``: the audit of the installed vLLM (:func:`main`)."""
 
-import sys
+from warcore.cli import run_command
 
 from . import main
 
-sys.exit(main(sys.argv[1:]))
+raise SystemExit(run_command("python -m warcore_vllm.audit", main))
