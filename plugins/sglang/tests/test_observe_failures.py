@@ -351,12 +351,8 @@ def test_the_server_benchmark_quotes_real_batches_net_of_the_control_batches(
 ) -> None:
     """The summary's figures are the real batches'; the control's beside them; the net is the
     real median minus the control's (hand-made lines: 10, 12, 14 µs real, 3, 4, 9 µs control,
-    so 12 - 4 = 8 µs). A meter without controls keeps every batch; the benchmark's servers
-    get the control's variable as the meter reads it."""
-    from warcore_sglang.activation import _meter
+    so 12 - 4 = 8 µs). A meter without controls keeps every batch."""
     from warcore_sglang.serving import bench_server
-
-    assert bench_server._CONTROL == {_meter.ENV_CONTROL: "1"}
 
     def line(ns: int, control: bool) -> str:
         record = {"mode": "EXTEND", "warcore_ns": ns, "calls": 2, "batch_ns": 1_000_000}
@@ -395,6 +391,41 @@ def test_the_server_benchmark_reads_the_activation_time_the_scheduler_says() -> 
         assert bench_server._ACTIVE.search(startup_line(status)) is not None, role
     status.role = "detokenizer"  # only the scheduler's line counts
     assert bench_server._ACTIVE.search(startup_line(status)) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "meter", "says"),
+    [
+        ("2", "m.jsonl", "is neither on (1, true, yes, on) nor off (0, false, no, off)"),
+        ("ture", "m.jsonl", "is neither on"),
+        ("1", "", "is on without WARCORE_SGLANG_METER=FILE"),
+    ],
+)
+def test_a_bad_meter_control_is_said_at_start_up_and_leaves_no_control_batch(
+    value: str,
+    meter: str,
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``WARCORE_SGLANG_METER_CONTROL`` spelled as every switch: a typo, or on without the
+    meter, is one warning in the start-up line naming the variable, and no batch is a
+    control; ``yes`` with the meter is on, without a word."""
+    from warcore_sglang.activation import _meter
+
+    monkeypatch.delenv("WARCORE_SGLANG_TRACE", raising=False)
+    monkeypatch.setenv("WARCORE_SGLANG_METER", meter)
+    monkeypatch.setenv("WARCORE_SGLANG_METER_CONTROL", value)
+    lines = _startup(monkeypatch, caplog)
+    assert len(lines) == 1 and lines[0][0] == logging.WARNING, lines
+    assert "WARCORE_SGLANG_METER_CONTROL" in lines[0][1] and says in lines[0][1], lines
+    assert "no control batches" in lines[0][1], lines
+    assert _meter.control() is False
+    monkeypatch.setenv("WARCORE_SGLANG_METER", "m.jsonl")
+    monkeypatch.setenv("WARCORE_SGLANG_METER_CONTROL", "yes")
+    assert _meter.control() is True
+    caplog.clear()
+    assert not any("METER" in line for _, line in _startup(monkeypatch, caplog))
 
 
 @pytest.mark.parametrize(

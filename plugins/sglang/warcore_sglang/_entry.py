@@ -267,12 +267,14 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _rank_check_settings(status: Status) -> None:
-    """A bad rank-check setting is said in the start-up line (the check falls back: off, or
-    the core's timeout), not found at the end of ``Scheduler.__init__``."""
-    from .settings import check_ranks_mode, timeout_s
+def _settings_problems(status: Status) -> None:
+    """A bad rank-check or meter-control setting is said in the start-up line (each falls
+    back: the check off or the core's timeout, no control batches), not found at the end of
+    ``Scheduler.__init__``."""
+    from .settings import check_ranks_mode, meter_control, timeout_s
 
-    for _, problem in (check_ranks_mode(os.environ), timeout_s(os.environ)):
+    settings = (check_ranks_mode(os.environ), timeout_s(os.environ), meter_control(os.environ))
+    for _, problem in settings:
         if problem is not None:
             status.problems.append(problem)
             status.level = max(status.level, logging.WARNING)
@@ -445,7 +447,7 @@ def _start(role: str, rank: dict[str, Any], actor: Any = None) -> Status:
         pass
     else:
         _activate(status, actor)
-        _rank_check_settings(status)
+        _settings_problems(status)
         _observe(status)
     _for_ray_actors(status)
     status.ready = True

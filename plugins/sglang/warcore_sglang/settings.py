@@ -21,6 +21,11 @@ checks and refuses a disagreement, ``warn`` checks and serves the disagreeing ce
 line, and the check is off. ``WARCORE_SGLANG_CHECK_RANKS_TIMEOUT``: seconds each rank waits for
 the others, a plain decimal number above 0 and at most a day; anything else is said in the
 start-up line and the core's default applies.
+
+**The meter's control.** ``WARCORE_SGLANG_METER_CONTROL``, a switch spelled as every other:
+on, every other batch ``WARCORE_SGLANG_METER`` times is a control (sglang's own code in
+warcore's points, :mod:`warcore_sglang.activation._meter`); a value neither on nor off, or on
+without the meter, is said in the start-up line and there are no control batches.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from warcore.integration import settings
 __all__ = [
     "DEFAULT",
     "ENV_CHECK_RANKS",
+    "ENV_METER",
+    "ENV_METER_CONTROL",
     "ENV_PREFILL_SWITCH",
     "ENV_TIMEOUT",
     "MAX_TIMEOUT_S",
@@ -44,6 +51,7 @@ __all__ = [
     "PrefillSwitchError",
     "check_ranks_mode",
     "fast_path_env",
+    "meter_control",
     "prefill_switch_setting",
     "read_prefill_switch",
     "timeout_s",
@@ -152,6 +160,23 @@ def check_ranks_mode(environ: Mapping[str, str]) -> tuple[str | None, str | None
     if problem is not None:
         return None, f"{ENV_CHECK_RANKS}={raw!r} is not 1, warn or 0: rank check off"
     return ("raise" if on else None), None
+
+
+# -- the meter's control --------------------------------------------------------------------
+
+ENV_METER = "WARCORE_SGLANG_METER"
+ENV_METER_CONTROL = "WARCORE_SGLANG_METER_CONTROL"
+
+
+def meter_control(environ: Mapping[str, str]) -> tuple[bool, str | None]:
+    """(whether every other metered batch is a control; the problem with the value, or
+    ``None``)."""
+    on, problem = settings.switch(environ, ENV_METER_CONTROL)
+    if problem is not None:
+        return False, f"{problem}: no control batches"
+    if on and not environ.get(ENV_METER, "").strip():
+        return False, f"{ENV_METER_CONTROL} is on without {ENV_METER}=FILE: no control batches"
+    return on, None
 
 
 def timeout_s(environ: Mapping[str, str]) -> tuple[float | None, str | None]:

@@ -38,11 +38,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..audit.trace import write_record
+from ..settings import ENV_METER, meter_control
 
-__all__ = ["ENV_CONTROL", "ENV_METER", "control", "path", "timed", "timed_batches"]
-
-ENV_METER = "WARCORE_SGLANG_METER"
-ENV_CONTROL = "WARCORE_SGLANG_METER_CONTROL"
+__all__ = ["control", "path", "timed", "timed_batches"]
 
 
 class _Tally:
@@ -72,7 +70,7 @@ class _Tally:
         self.mode = "?"
         self.batches = 0
         self.control = False
-        """This batch's points call sglang's originals in warcore's place (``ENV_CONTROL``)."""
+        """This batch's points call sglang's originals in warcore's place (the control)."""
 
 
 _local = threading.local()
@@ -94,8 +92,9 @@ def path() -> str | None:
 
 
 def control() -> bool:
-    """``WARCORE_SGLANG_METER_CONTROL=1``: every other metered batch a control."""
-    return os.environ.get(ENV_CONTROL, "").strip() == "1"
+    """``WARCORE_SGLANG_METER_CONTROL`` on (with the meter): every other metered batch a
+    control (a bad value is said in the start-up line: none)."""
+    return meter_control(os.environ)[0]
 
 
 def _count(

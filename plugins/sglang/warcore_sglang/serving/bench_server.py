@@ -59,6 +59,7 @@ from typing import Any
 
 from warcore.cli import JsonOutput, Limit
 
+from ..settings import ENV_METER_CONTROL
 from . import harness as serving
 
 __all__ = ["main", "measure"]
@@ -153,7 +154,7 @@ def _metered_pd(model: Path, work: Path, args: argparse.Namespace) -> dict[str, 
     return {side: _per_batch(meter) for side, meter in meters.items()}
 
 
-_CONTROL = {"WARCORE_SGLANG_METER_CONTROL": "1"}  # activation._meter.ENV_CONTROL
+_CONTROL = {ENV_METER_CONTROL: "1"}
 """Every other metered batch a control: the meter around sglang's originals at the same sites."""
 
 
