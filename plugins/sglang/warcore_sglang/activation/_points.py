@@ -119,9 +119,10 @@ def make_resolve_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         nonlocal last
         thread, here = last
-        if here is None or ident() != thread:
+        me = ident()
+        if here is None or me != thread:
             here = oracle.depth()
-            last = (ident(), here)
+            last = (me, here)
         if here.depth:
             return original(self, forward_batch, *args, **kw)
         here.depth = 1

@@ -165,10 +165,10 @@ def _per_batch(meter: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode in sorted({b["mode"] for b in batches}) + ["all"]:
         of = [b for b in batches if mode in ("all", b["mode"])]
-        real = [b for b in of if not b.get("control")] or of
-        out[mode] = _figures(real)
+        real = [b for b in of if not b.get("control")]
         control = [b for b in of if b.get("control")]
-        if control and real is not of:
+        out[mode] = _figures(real or of)
+        if real and control:
             mine, theirs = out[mode], _figures(control)
             mine["control"] = {key: theirs[key] for key in _CONTROL_KEYS}
             mine["net_of_control_us"] = round(
